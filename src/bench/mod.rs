@@ -1,0 +1,195 @@
+//! Benchmarks that report each figure against a bound measured in the same run.
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::checkpoint::rng::Rng;
+use crate::mxfp4::{self, Kernel, Mxfp4Expert, Mxfp4Matrix};
+use crate::{Error, Result};
+
+/// Median, min and max of a sample.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Stats {
+    /// Median.
+    pub median: f64,
+    /// Minimum.
+    pub min: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Stats {
+    /// Summarises values (at least one).
+    pub fn of(mut v: Vec<f64>) -> Stats {
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Stats {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        }
+    }
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Msg(format!("thread pool: {e}")))
+}
+
+/// Streaming read of `buf` split over the current pool; returns a checksum so it is not elided.
+pub fn stream_read(buf: &[u64]) -> u64 {
+    let parts = rayon::current_num_threads().max(1);
+    let chunk = buf.len().div_ceil(parts);
+    buf.par_chunks(chunk)
+        .map(|c| {
+            let mut acc = [0u64; 8];
+            let mut it = c.chunks_exact(8);
+            for w in &mut it {
+                for k in 0..8 {
+                    acc[k] = acc[k].wrapping_add(w[k]);
+                }
+            }
+            for (k, v) in it.remainder().iter().enumerate() {
+                acc[k] = acc[k].wrapping_add(*v);
+            }
+            acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+        })
+        .reduce(|| 0, |a, b| a.wrapping_add(b))
+}
+
+/// Options of `bench mxfp4`.
+#[derive(Debug, Clone)]
+pub struct Mxfp4BenchOptions {
+    /// Number of K3-size experts (each 17.55 MB); 64 ≈ 1.1 GB, well above a 300 MB L3.
+    pub experts: usize,
+    /// Timed runs per figure.
+    pub runs: usize,
+    /// Thread counts to measure.
+    pub threads: Vec<usize>,
+    /// Kernel (default: the best this CPU supports).
+    pub kernel: Kernel,
+}
+
+impl Default for Mxfp4BenchOptions {
+    fn default() -> Self {
+        Mxfp4BenchOptions {
+            experts: 64,
+            runs: 5,
+            threads: vec![1, 2],
+            kernel: Kernel::best(),
+        }
+    }
+}
+
+/// K3's expert matrix shapes.
+const INTER: usize = 3072;
+const LATENT: usize = 3584;
+
+/// Runs the MXFP4 benchmark; calls `emit` with one JSON line per figure.
+pub fn mxfp4_bench(
+    opts: &Mxfp4BenchOptions,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    let span =
+        2 * (INTER * LATENT / 2 + INTER * LATENT / 32) + (LATENT * INTER / 2 + LATENT * INTER / 32);
+    let total = span * opts.experts;
+    // Random expert bytes; scale bytes in a realistic band.
+    let mut data = vec![0u8; total];
+    data.par_chunks_mut(1 << 20).enumerate().for_each(|(i, c)| {
+        let mut rng = Rng::new(i as u64);
+        for b in c.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+    });
+    let experts: Vec<Mxfp4Expert> = data
+        .chunks(span)
+        .map(|s| Mxfp4Expert::from_span(s, INTER, LATENT))
+        .collect::<Result<_>>()?;
+    // Scale bytes are random too; that only changes values, not the work.
+    let mut rng = Rng::new(1);
+    let z: Vec<f32> = (0..LATENT).map(|_| rng.normal() as f32).collect();
+    let h: Vec<f32> = (0..INTER).map(|_| rng.normal() as f32).collect();
+    let words: Vec<u64> = (0..total / 8).map(|i| i as u64).collect();
+    let gb = total as f64 / 1e9;
+    emit(
+        serde_json::json!({"bench": "mxfp4", "kernel": opts.kernel.name(), "experts": opts.experts,
+        "working_set_gb": gb, "runs": opts.runs}),
+    );
+    let mut ratios = Vec::new();
+    for &t in &opts.threads {
+        let p = pool(t)?;
+        let (bw, gemv) = p.install(|| -> Result<(Stats, Stats)> {
+            let _ = stream_read(&words); // warm-up: page in
+            let mut bw = Vec::new();
+            for _ in 0..opts.runs {
+                let t0 = Instant::now();
+                std::hint::black_box(stream_read(std::hint::black_box(&words)));
+                bw.push(gb / t0.elapsed().as_secs_f64());
+            }
+            let mut y1 = vec![0f32; INTER];
+            let mut y2 = vec![0f32; LATENT];
+            let mut pass = || -> Result<()> {
+                for e in &experts {
+                    mxfp4::gemm_with(opts.kernel, &e.w1, &z, 1, &mut y1, true)?;
+                    mxfp4::gemm_with(opts.kernel, &e.w3, &z, 1, &mut y1, true)?;
+                    mxfp4::gemm_with(opts.kernel, &e.w2, &h, 1, &mut y2, true)?;
+                }
+                Ok(())
+            };
+            pass()?;
+            let mut gv = Vec::new();
+            for _ in 0..opts.runs {
+                let t0 = Instant::now();
+                pass()?;
+                gv.push(gb / t0.elapsed().as_secs_f64());
+            }
+            Ok((Stats::of(bw), Stats::of(gv)))
+        })?;
+        let ratio = gemv.median / bw.median;
+        ratios.push((t, ratio));
+        emit(
+            serde_json::json!({"figure": "memory_read_gbps", "threads": t, "median": bw.median, "min": bw.min, "max": bw.max}),
+        );
+        emit(
+            serde_json::json!({"figure": "mxfp4_gemv_gbps", "threads": t, "median": gemv.median, "min": gemv.min, "max": gemv.max, "ratio_to_memory_read": ratio}),
+        );
+    }
+    // A full expert: three GEMVs + SiTU, on the largest thread count.
+    let t = opts.threads.iter().copied().max().unwrap_or(1);
+    let p = pool(t)?;
+    let ms = p.install(|| -> Result<Stats> {
+        let mut v = Vec::new();
+        for _ in 0..opts.runs {
+            let t0 = Instant::now();
+            for e in &experts {
+                std::hint::black_box(e.forward(opts.kernel, &z, 1, 4.0, 25.0, true)?);
+            }
+            v.push(t0.elapsed().as_secs_f64() * 1e3 / experts.len() as f64);
+        }
+        Ok(Stats::of(v))
+    })?;
+    emit(
+        serde_json::json!({"figure": "expert_ms", "threads": t, "median": ms.median, "min": ms.min, "max": ms.max,
+        "expert_bytes": span}),
+    );
+    Ok(())
+}
+
+/// A K3-size MXFP4 matrix view over `bytes` (for ad-hoc measurements).
+pub fn k3_matrix(bytes: &[u8]) -> Result<Mxfp4Matrix<'_>> {
+    let n = INTER * LATENT / 2;
+    Mxfp4Matrix::new(
+        &bytes[..n],
+        &bytes[n..n + INTER * LATENT / 32],
+        INTER,
+        LATENT,
+    )
+}

@@ -1,0 +1,354 @@
+//! `Inventory`: every language tensor of a checkpoint (name → shard, dtype, shape, absolute
+//! byte range), built from the shard headers alone.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::header::{read_header, ShardHeader, StDtype};
+use crate::{Error, Result};
+
+/// Tensor-name prefixes that belong to the vision tower and are skipped.
+pub const SKIPPED_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
+
+/// Where one tensor lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Index into `Inventory::shards`.
+    pub shard: usize,
+    /// Element type.
+    pub dtype: StDtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Absolute start in the shard file.
+    pub start: u64,
+    /// Absolute end (exclusive).
+    pub end: u64,
+}
+
+impl TensorInfo {
+    /// Byte length.
+    pub fn len(&self) -> u64 {
+        self.end - self.start
+    }
+
+    /// True for a zero-byte tensor.
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
+
+/// One shard file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardInfo {
+    /// File name relative to the model directory (also the hub file name).
+    pub file: String,
+    /// File size in bytes.
+    pub size: u64,
+    /// JSON header length.
+    pub header_len: u64,
+}
+
+/// All language tensors of a checkpoint.
+#[derive(Debug, Clone)]
+pub struct Inventory {
+    /// The model directory (for error messages and local reads).
+    pub dir: PathBuf,
+    /// Shards in index order.
+    pub shards: Vec<ShardInfo>,
+    /// Name prefix of the language model (`language_model.` for K3, empty for text-only).
+    pub prefix: String,
+    /// Tensors skipped because they belong to the vision tower.
+    pub skipped: usize,
+    tensors: HashMap<String, TensorInfo>,
+}
+
+/// Parses `model-NNNNN-of-MMMMM.safetensors` into (index, total).
+pub fn parse_shard_name(name: &str) -> Option<(usize, usize)> {
+    let rest = name.strip_prefix("model-")?.strip_suffix(".safetensors")?;
+    let (a, b) = rest.split_once("-of-")?;
+    if a.is_empty()
+        || b.is_empty()
+        || !a.bytes().all(|c| c.is_ascii_digit())
+        || !b.bytes().all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// Orders and checks a set of shard file names: every index 1..=total, one total.
+pub fn order_shards(names: &[String], dir: &Path) -> Result<Vec<String>> {
+    let err = |msg: String| Error::Checkpoint {
+        dir: dir.to_path_buf(),
+        msg,
+    };
+    if names.len() == 1 && names[0] == "model.safetensors" {
+        return Ok(names.to_vec());
+    }
+    let mut parsed = Vec::new();
+    for n in names {
+        let (i, t) = parse_shard_name(n).ok_or_else(|| {
+            err(format!(
+                "`{n}` is not named model-NNNNN-of-MMMMM.safetensors"
+            ))
+        })?;
+        parsed.push((i, t, n.clone()));
+    }
+    let total = parsed.first().map(|p| p.1).ok_or_else(|| {
+        err("no model-NNNNN-of-MMMMM.safetensors shards found (is this a model directory?)".into())
+    })?;
+    if let Some(p) = parsed.iter().find(|p| p.1 != total) {
+        return Err(err(format!(
+            "`{}` disagrees about the shard count ({} vs {total})",
+            p.2, p.1
+        )));
+    }
+    parsed.sort();
+    parsed.dedup_by(|a, b| a.0 == b.0 && a.2 == b.2);
+    for (k, p) in parsed.iter().enumerate() {
+        if k > 0 && parsed[k - 1].0 == p.0 {
+            return Err(err(format!("shard index {} appears twice", p.0)));
+        }
+    }
+    let have: Vec<usize> = parsed.iter().map(|p| p.0).collect();
+    let missing: Vec<usize> = (1..=total)
+        .filter(|i| have.binary_search(i).is_err())
+        .collect();
+    if !missing.is_empty() || have.iter().any(|&i| i == 0 || i > total) {
+        return Err(err(format!("shards missing or out of range: expected 1..={total}, missing {missing:?} (incomplete download?)")));
+    }
+    Ok(parsed.into_iter().map(|p| p.2).collect())
+}
+
+/// Lists the shard files of a model directory: from `model.safetensors.index.json` when present,
+/// otherwise by file name.
+pub fn discover_shards(dir: &Path) -> Result<Vec<String>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
+        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| Error::Json {
+            path: index.clone(),
+            source: e,
+        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| Error::Checkpoint {
+                dir: dir.to_path_buf(),
+                msg: "model.safetensors.index.json has no weight_map object".into(),
+            })?;
+        let mut names: Vec<String> = map
+            .values()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect();
+        names.sort();
+        names.dedup();
+        return order_shards(&names, dir);
+    }
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut names = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if parse_shard_name(&name).is_some() {
+            names.push(name);
+        }
+    }
+    if names.is_empty() && dir.join("model.safetensors").is_file() {
+        names.push("model.safetensors".into());
+    }
+    order_shards(&names, dir)
+}
+
+impl Inventory {
+    /// Builds the inventory of a local model directory, reading only the shard headers.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let names = discover_shards(dir)?;
+        let mut headers = Vec::with_capacity(names.len());
+        for n in names {
+            let path = dir.join(&n);
+            let size = std::fs::metadata(&path)
+                .map_err(|e| Error::io(&path, e))?
+                .len();
+            let h = read_header(&path)?;
+            headers.push((n, size, h));
+        }
+        let inv = Self::from_headers(dir, headers)?;
+        inv.check_index(dir)?;
+        Ok(inv)
+    }
+
+    /// Builds the inventory from already-parsed headers (local or fetched by range).
+    pub fn from_headers(dir: &Path, headers: Vec<(String, u64, ShardHeader)>) -> Result<Self> {
+        let mut tensors: HashMap<String, TensorInfo> = HashMap::new();
+        let mut shards = Vec::with_capacity(headers.len());
+        let mut skipped = 0;
+        for (si, (file, size, h)) in headers.into_iter().enumerate() {
+            shards.push(ShardInfo {
+                file: file.clone(),
+                size,
+                header_len: h.header_len,
+            });
+            for t in h.tensors {
+                if SKIPPED_PREFIXES.iter().any(|p| t.name.starts_with(p)) {
+                    skipped += 1;
+                    continue;
+                }
+                let info = TensorInfo {
+                    shard: si,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                    start: t.start,
+                    end: t.end,
+                };
+                if let Some(prev) = tensors.insert(t.name.clone(), info) {
+                    return Err(Error::Checkpoint {
+                        dir: dir.to_path_buf(),
+                        msg: format!(
+                            "tensor `{}` appears in both {} and {file}",
+                            t.name, shards[prev.shard].file
+                        ),
+                    });
+                }
+            }
+        }
+        let prefix = if tensors.contains_key("language_model.model.embed_tokens.weight") {
+            "language_model.".to_string()
+        } else {
+            String::new()
+        };
+        Ok(Inventory {
+            dir: dir.to_path_buf(),
+            shards,
+            prefix,
+            skipped,
+            tensors,
+        })
+    }
+
+    fn check_index(&self, dir: &Path) -> Result<()> {
+        let index = dir.join("model.safetensors.index.json");
+        if !index.is_file() {
+            return Ok(());
+        }
+        let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
+        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| Error::Json {
+            path: index.clone(),
+            source: e,
+        })?;
+        if let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) {
+            for (name, file) in map {
+                if let (Some(t), Some(f)) = (self.tensors.get(name), file.as_str()) {
+                    if self.shards[t.shard].file != f {
+                        return Err(Error::Checkpoint {
+                            dir: dir.to_path_buf(),
+                            msg: format!(
+                                "index.json puts `{name}` in {f}, but the headers put it in {}",
+                                self.shards[t.shard].file
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of language tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when there are no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Looks a tensor up by full name.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    /// Iterates over all tensors.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &TensorInfo)> {
+        self.tensors.iter()
+    }
+
+    /// Full name of a model-level tensor, e.g. `model.norm.weight` → `language_model.model.norm.weight`.
+    pub fn name(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.prefix)
+    }
+
+    /// Full name of a per-layer tensor.
+    pub fn layer_name(&self, layer: usize, suffix: &str) -> String {
+        format!("{}model.layers.{layer}.{suffix}", self.prefix)
+    }
+
+    /// Looks a tensor up and checks its dtype and shape.
+    pub fn require(&self, name: &str, dtype: StDtype, shape: &[usize]) -> Result<&TensorInfo> {
+        let t = self.tensors.get(name).ok_or_else(|| Error::Tensor {
+            name: name.into(),
+            msg: format!("missing from the checkpoint in {}", self.dir.display()),
+        })?;
+        if t.dtype != dtype || t.shape != shape {
+            return Err(Error::Tensor {
+                name: name.into(),
+                msg: format!(
+                    "expected {} {shape:?}, found {} {:?}",
+                    dtype.as_str(),
+                    t.dtype.as_str(),
+                    t.shape
+                ),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Absolute path of a shard.
+    pub fn shard_path(&self, shard: usize) -> PathBuf {
+        self.dir.join(&self.shards[shard].file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_names() {
+        assert_eq!(
+            parse_shard_name("model-00001-of-000096.safetensors"),
+            Some((1, 96))
+        );
+        assert_eq!(parse_shard_name("model-1-of-2.safetensors"), Some((1, 2)));
+        assert_eq!(parse_shard_name("model-a-of-2.safetensors"), None);
+        assert_eq!(parse_shard_name("model-00001-of-000096.bin"), None);
+        let d = Path::new("/x");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(order_shards(
+            &names(&[
+                "model-00002-of-00002.safetensors",
+                "model-00001-of-00002.safetensors"
+            ]),
+            d
+        )
+        .is_ok());
+        assert!(order_shards(
+            &names(&[
+                "model-00002-of-00003.safetensors",
+                "model-00001-of-00003.safetensors"
+            ]),
+            d
+        )
+        .is_err());
+        assert!(order_shards(
+            &names(&[
+                "model-00001-of-00002.safetensors",
+                "model-00001-of-00003.safetensors"
+            ]),
+            d
+        )
+        .is_err());
+        assert!(order_shards(&[], d).is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! The K3 checkpoint on disk: safetensors headers, the tensor inventory, expert spans and the
+//! fixture writers.
+
+pub mod experts;
+pub mod fixture;
+pub mod header;
+pub mod inventory;
+pub mod rng;
+pub mod tiktoken_fixture;
+
+pub use experts::{ExpertIndex, ExpertLayout, ExpertSpan};
+pub use header::{ShardHeader, StDtype};
+pub use inventory::{Inventory, ShardInfo, TensorInfo};

@@ -1,0 +1,185 @@
+//! The `deltafin` command line (clap), a thin layer over the library.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::checkpoint::fixture::{write_nano, write_slice, NanoOptions};
+use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::mxfp4::Kernel;
+use crate::K3Config;
+
+/// Kimi K3 on one machine: streamed MXFP4 experts on Candle.
+#[derive(Debug, Parser)]
+#[command(name = "deltafin", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write a test/benchmark checkpoint in K3's exact on-disk format.
+    Fixture {
+        /// Which fixture.
+        #[command(subcommand)]
+        kind: FixtureKind,
+    },
+    /// Print the inventory of a checkpoint directory (tensors, shards, expert spans).
+    Inventory {
+        /// Model directory.
+        dir: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks.
+    Bench {
+        /// Which benchmark.
+        #[command(subcommand)]
+        kind: BenchKind,
+    },
+}
+
+/// Fixture kinds.
+#[derive(Debug, Subcommand)]
+pub enum FixtureKind {
+    /// K3-nano: tiny, complete, every structural feature of K3.
+    Nano {
+        /// Output directory.
+        dir: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Number of shards.
+        #[arg(long, default_value_t = 4)]
+        shards: usize,
+        /// Scatter each expert's six tensors through the layer's run (not one read).
+        #[arg(long)]
+        scattered_experts: bool,
+    },
+    /// K3-slice: real K3 per-layer dimensions, few layers and experts (several GB).
+    Slice {
+        /// Output directory.
+        dir: PathBuf,
+        /// Decoder layers.
+        #[arg(long, default_value_t = 4)]
+        layers: usize,
+        /// Routed experts per MoE layer.
+        #[arg(long, default_value_t = 32)]
+        experts: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchKind {
+    /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
+    Mxfp4 {
+        /// K3-size experts in the working set (17.55 MB each).
+        #[arg(long, default_value_t = 64)]
+        experts: usize,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Kernel: scalar, avx2, avx512, neon (default: best available).
+        #[arg(long)]
+        kernel: Option<String>,
+        /// Thread counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+    },
+}
+
+fn parse_kernel(s: &str) -> anyhow::Result<Kernel> {
+    Ok(match s {
+        "scalar" => Kernel::Scalar,
+        "avx2" => Kernel::Avx2,
+        "avx512" => Kernel::Avx512,
+        "neon" => Kernel::Neon,
+        _ => anyhow::bail!("unknown kernel `{s}` (scalar, avx2, avx512, neon)"),
+    })
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Fixture { kind } => match kind {
+            FixtureKind::Nano {
+                dir,
+                seed,
+                shards,
+                scattered_experts,
+            } => {
+                let opts = NanoOptions {
+                    seed,
+                    shards,
+                    contiguous_experts: !scattered_experts,
+                };
+                write_nano(&dir, &opts)?;
+                eprintln!("wrote K3-nano to {}", dir.display());
+            }
+            FixtureKind::Slice {
+                dir,
+                layers,
+                experts,
+                seed,
+            } => {
+                write_slice(&dir, layers, experts, seed)?;
+                eprintln!(
+                    "wrote K3-slice ({layers} layers, {experts} experts) to {}",
+                    dir.display()
+                );
+            }
+        },
+        Command::Inventory { dir, json } => {
+            let cfg = K3Config::from_file(&dir.join("config.json"))?;
+            let inv = Inventory::from_dir(&dir)?;
+            let ex = ExpertIndex::derive_k3(&inv, &cfg)?;
+            let summary = serde_json::json!({
+                "shards": inv.shards.iter().map(|s| &s.file).collect::<Vec<_>>(),
+                "tensors": inv.len(),
+                "skipped_vision_tensors": inv.skipped,
+                "experts": ex.count(),
+                "contiguous_experts": ex.contiguous_count(),
+                "expert_span_bytes": ex.layout.span_bytes(),
+                "layers": cfg.num_layers(),
+                "moe_layers": cfg.moe_layers().count(),
+            });
+            if json {
+                println!("{summary}");
+            } else {
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            }
+        }
+        Command::Bench { kind } => match kind {
+            BenchKind::Mxfp4 {
+                experts,
+                runs,
+                kernel,
+                threads,
+            } => {
+                let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
+                if threads.is_empty() {
+                    anyhow::bail!("--threads needs at least one positive count");
+                }
+                let mut opts = crate::bench::Mxfp4BenchOptions {
+                    experts,
+                    runs: runs.max(1),
+                    threads,
+                    ..Default::default()
+                };
+                if let Some(k) = kernel {
+                    opts.kernel = parse_kernel(&k)?;
+                }
+                crate::bench::mxfp4_bench(&opts, |line| println!("{line}"))?;
+            }
+        },
+    }
+    Ok(())
+}

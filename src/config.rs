@@ -1,0 +1,667 @@
+//! `K3Config`: the model's config.json (root fields plus `text_config`), validated, with the
+//! derived layer schedule.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// `text_config.linear_attn_config`: the KDA layers and their dimensions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinearAttnConfig {
+    /// KDA heads.
+    pub num_heads: usize,
+    /// KDA head width (K = V).
+    pub head_dim: usize,
+    /// Depthwise causal conv width.
+    pub short_conv_kernel_size: usize,
+    /// Whether the output gate is full rank.
+    #[serde(default = "default_true")]
+    pub use_full_rank_gate: bool,
+    /// Lower bound of the log decay gate (−5 for K3).
+    pub gate_lower_bound: f64,
+    /// One-based list of KDA layers.
+    pub kda_layers: Vec<usize>,
+    /// One-based list of full-attention (MLA) layers.
+    pub full_attn_layers: Vec<usize>,
+}
+
+/// `quantization_config.config_groups.*.weights`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantWeights {
+    /// Bits per value (4).
+    pub num_bits: u32,
+    /// Value type (`float`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Quantisation strategy (`group`).
+    pub strategy: String,
+    /// Elements per scale (32).
+    pub group_size: usize,
+    /// Everything else, kept for round-tripping.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// One entry of `quantization_config.config_groups`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantGroup {
+    /// Packing format (`mxfp4-pack-quantized`).
+    #[serde(default)]
+    pub format: Option<String>,
+    /// Weight quantisation parameters.
+    pub weights: QuantWeights,
+    /// Everything else.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `quantization_config`: how the routed experts are packed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantizationConfig {
+    /// `compressed-tensors`.
+    pub quant_method: String,
+    /// `mxfp4-pack-quantized`.
+    pub format: String,
+    /// `compressed`.
+    #[serde(default)]
+    pub quantization_status: Option<String>,
+    /// Quantisation groups (K3 has one, `group_0`).
+    pub config_groups: std::collections::BTreeMap<String, QuantGroup>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `text_config`: the language model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TextConfig {
+    /// `kimi_linear`.
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// Residual width H.
+    pub hidden_size: usize,
+    /// Number of decoder layers.
+    pub num_hidden_layers: usize,
+    /// Vocabulary size (BPE ranks + reserved specials).
+    pub vocab_size: usize,
+    /// Architectural context length (no positional encoding is used).
+    #[serde(default)]
+    pub max_position_embeddings: Option<usize>,
+    /// Dense MLP width (layers before `first_k_dense_replace`).
+    pub intermediate_size: usize,
+    /// Number of leading dense layers.
+    pub first_k_dense_replace: usize,
+    /// MoE every n-th layer after the dense ones.
+    #[serde(default = "one")]
+    pub moe_layer_freq: usize,
+    /// Routed experts per MoE layer.
+    pub num_experts: usize,
+    /// Top-k.
+    pub num_experts_per_token: usize,
+    /// Shared experts (fused into one MLP of width `num_shared_experts * moe_intermediate_size`).
+    pub num_shared_experts: usize,
+    /// Per-expert FFN width.
+    pub moe_intermediate_size: usize,
+    /// Latent width in which the routed experts run.
+    pub routed_expert_hidden_size: usize,
+    /// RMSNorm on the combined routed output.
+    #[serde(default = "default_true")]
+    pub latent_moe_use_norm: bool,
+    /// Router activation (`sigmoid`).
+    #[serde(default = "sigmoid")]
+    pub moe_router_activation_func: String,
+    /// `noaux_tc`.
+    #[serde(default)]
+    pub topk_method: Option<String>,
+    /// Grouped top-k flag (no effect with one group).
+    #[serde(default)]
+    pub use_grouped_topk: bool,
+    /// Expert groups.
+    #[serde(default = "one")]
+    pub num_expert_group: usize,
+    /// Groups kept.
+    #[serde(default = "one")]
+    pub topk_group: usize,
+    /// Renormalise the top-k weights.
+    #[serde(default = "default_true")]
+    pub moe_renormalize: bool,
+    /// Never applied by K3 (it is 1.0).
+    #[serde(default = "one_f64")]
+    pub routed_scaling_factor: f64,
+    /// `situ`.
+    pub hidden_act: String,
+    /// SiTU gate beta.
+    #[serde(default = "situ_beta")]
+    pub activation_situ_beta: f64,
+    /// SiTU linear beta.
+    #[serde(default = "situ_linear_beta")]
+    pub activation_situ_linear_beta: f64,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// MLA heads.
+    pub num_attention_heads: usize,
+    /// MLA KV heads (must equal the heads).
+    pub num_key_value_heads: usize,
+    /// MLA query LoRA rank.
+    pub q_lora_rank: usize,
+    /// MLA latent KV width.
+    pub kv_lora_rank: usize,
+    /// MLA no-position head width.
+    pub qk_nope_head_dim: usize,
+    /// MLA "rope" head width (no rotary is applied).
+    pub qk_rope_head_dim: usize,
+    /// MLA value head width.
+    pub v_head_dim: usize,
+    /// No RoPE anywhere.
+    #[serde(default = "default_true")]
+    pub mla_use_nope: bool,
+    /// Gated MLA output.
+    #[serde(default = "default_true")]
+    pub mla_use_output_gate: bool,
+    /// AttnRes block size in layers.
+    pub attn_res_block_size: usize,
+    /// MTP layers (0).
+    #[serde(default)]
+    pub num_nextn_predict_layers: usize,
+    /// KDA parameters and the layer lists.
+    pub linear_attn_config: LinearAttnConfig,
+    /// MXFP4 expert quantisation (may also sit at the root).
+    #[serde(default)]
+    pub quantization_config: Option<QuantizationConfig>,
+    /// Tied embeddings (false for K3).
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// BOS id.
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    /// End-of-message id, the generation stop token.
+    #[serde(default)]
+    pub eos_token_id: Option<u32>,
+    /// PAD id.
+    #[serde(default)]
+    pub pad_token_id: Option<u32>,
+    /// Everything else.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The root of config.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RootConfig {
+    /// `kimi_k3`.
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// Storage dtype of the dense weights.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// Tied embeddings.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// BOS id.
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    /// Stop token id.
+    #[serde(default)]
+    pub eos_token_id: Option<u32>,
+    /// PAD id.
+    #[serde(default)]
+    pub pad_token_id: Option<u32>,
+    /// The language model.
+    pub text_config: TextConfig,
+    /// Quantisation (when given at the root instead of in `text_config`).
+    #[serde(default)]
+    pub quantization_config: Option<QuantizationConfig>,
+    /// Everything else (vision config, auto_map, ...).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Which attention a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKind {
+    /// Kimi Delta Attention (linear, recurrent).
+    Kda,
+    /// Gated multi-head latent attention (NoPE).
+    Mla,
+}
+
+/// Which feed-forward block a layer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnKind {
+    /// Dense SiTU MLP.
+    Dense,
+    /// Latent MoE with shared experts.
+    Moe,
+}
+
+/// The derived kind of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKind {
+    /// Attention type.
+    pub attn: AttnKind,
+    /// Feed-forward type.
+    pub ffn: FfnKind,
+}
+
+/// The validated model configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct K3Config {
+    /// The parsed root (with `text_config`).
+    pub root: RootConfig,
+    /// Per-layer kinds, index = 0-based layer.
+    pub schedule: Vec<LayerKind>,
+    /// The MXFP4 group size (elements per scale).
+    pub group_size: usize,
+    /// The generation stop token.
+    pub eos_token_id: u32,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn one() -> usize {
+    1
+}
+fn one_f64() -> f64 {
+    1.0
+}
+fn sigmoid() -> String {
+    "sigmoid".into()
+}
+fn situ_beta() -> f64 {
+    4.0
+}
+fn situ_linear_beta() -> f64 {
+    25.0
+}
+
+fn rule(ok: bool, field: &str, msg: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(field, msg()))
+    }
+}
+
+impl K3Config {
+    /// Reads and validates `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let root: RootConfig = serde_json::from_slice(&bytes).map_err(|e| Error::Json {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        Self::from_root(root)
+    }
+
+    /// Parses and validates config.json text.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let root: RootConfig = serde_json::from_str(text).map_err(|e| Error::Json {
+            path: "config.json".into(),
+            source: e,
+        })?;
+        Self::from_root(root)
+    }
+
+    /// Validates a parsed root and derives the schedule.
+    pub fn from_root(root: RootConfig) -> Result<Self> {
+        let t = &root.text_config;
+        let la = &t.linear_attn_config;
+        let n = t.num_hidden_layers;
+        rule(n > 0, "text_config.num_hidden_layers", || {
+            "must be > 0".into()
+        })?;
+        for (f, v) in [
+            ("text_config.hidden_size", t.hidden_size),
+            ("text_config.vocab_size", t.vocab_size),
+            ("text_config.intermediate_size", t.intermediate_size),
+            ("text_config.num_experts", t.num_experts),
+            ("text_config.num_experts_per_token", t.num_experts_per_token),
+            ("text_config.moe_intermediate_size", t.moe_intermediate_size),
+            (
+                "text_config.routed_expert_hidden_size",
+                t.routed_expert_hidden_size,
+            ),
+            ("text_config.num_attention_heads", t.num_attention_heads),
+            ("text_config.q_lora_rank", t.q_lora_rank),
+            ("text_config.kv_lora_rank", t.kv_lora_rank),
+            ("text_config.qk_nope_head_dim", t.qk_nope_head_dim),
+            ("text_config.v_head_dim", t.v_head_dim),
+            ("text_config.attn_res_block_size", t.attn_res_block_size),
+            ("text_config.moe_layer_freq", t.moe_layer_freq),
+            ("text_config.linear_attn_config.num_heads", la.num_heads),
+            ("text_config.linear_attn_config.head_dim", la.head_dim),
+            (
+                "text_config.linear_attn_config.short_conv_kernel_size",
+                la.short_conv_kernel_size,
+            ),
+        ] {
+            rule(v > 0, f, || "must be > 0".into())?;
+        }
+        rule(
+            t.num_experts_per_token <= t.num_experts,
+            "text_config.num_experts_per_token",
+            || {
+                format!(
+                    "top-k {} must be <= num_experts {}",
+                    t.num_experts_per_token, t.num_experts
+                )
+            },
+        )?;
+        rule(
+            t.first_k_dense_replace <= n,
+            "text_config.first_k_dense_replace",
+            || format!("{} exceeds num_hidden_layers {n}", t.first_k_dense_replace),
+        )?;
+        rule(
+            t.num_key_value_heads == t.num_attention_heads,
+            "text_config.num_key_value_heads",
+            || "must equal num_attention_heads (MLA has no grouped KV heads)".into(),
+        )?;
+        rule(
+            !t.use_grouped_topk || t.num_expert_group == 1 || t.topk_group == t.num_expert_group,
+            "text_config.num_expert_group",
+            || "grouped top-k with more than one group is not supported".into(),
+        )?;
+        rule(
+            t.moe_router_activation_func == "sigmoid",
+            "text_config.moe_router_activation_func",
+            || {
+                format!(
+                    "`{}` unsupported; only `sigmoid`",
+                    t.moe_router_activation_func
+                )
+            },
+        )?;
+        rule(t.hidden_act == "situ", "text_config.hidden_act", || {
+            format!("`{}` unsupported; only `situ`", t.hidden_act)
+        })?;
+        rule(
+            t.rms_norm_eps > 0.0 && t.rms_norm_eps.is_finite(),
+            "text_config.rms_norm_eps",
+            || "must be a positive finite number".into(),
+        )?;
+        rule(
+            la.gate_lower_bound < 0.0 && la.gate_lower_bound.is_finite(),
+            "text_config.linear_attn_config.gate_lower_bound",
+            || "must be a negative finite number".into(),
+        )?;
+        rule(
+            !root.tie_word_embeddings && !t.tie_word_embeddings,
+            "tie_word_embeddings",
+            || "tied embeddings are not supported (K3 has a separate lm_head)".into(),
+        )?;
+
+        // Schedule: every layer in exactly one list.
+        let mut attn: Vec<Option<AttnKind>> = vec![None; n];
+        for (list, kind, field) in [
+            (
+                &la.kda_layers,
+                AttnKind::Kda,
+                "text_config.linear_attn_config.kda_layers",
+            ),
+            (
+                &la.full_attn_layers,
+                AttnKind::Mla,
+                "text_config.linear_attn_config.full_attn_layers",
+            ),
+        ] {
+            for &one_based in list {
+                rule((1..=n).contains(&one_based), field, || {
+                    format!("layer {one_based} is outside 1..={n} (the lists are one-based)")
+                })?;
+                let slot = &mut attn[one_based - 1];
+                rule(slot.is_none(), field, || {
+                    format!("layer {one_based} appears twice across kda_layers/full_attn_layers")
+                })?;
+                *slot = Some(kind);
+            }
+        }
+        let mut schedule = Vec::with_capacity(n);
+        for (l, a) in attn.iter().enumerate() {
+            let attn = a.ok_or_else(|| {
+                Error::config(
+                    "text_config.linear_attn_config",
+                    format!(
+                        "layer {} (one-based) is in neither kda_layers nor full_attn_layers",
+                        l + 1
+                    ),
+                )
+            })?;
+            let moe = l >= t.first_k_dense_replace && l % t.moe_layer_freq == 0;
+            schedule.push(LayerKind {
+                attn,
+                ffn: if moe { FfnKind::Moe } else { FfnKind::Dense },
+            });
+        }
+
+        // MXFP4 quantisation of the routed experts.
+        let q = t
+            .quantization_config
+            .as_ref()
+            .or(root.quantization_config.as_ref())
+            .ok_or_else(|| {
+                Error::config(
+                    "text_config.quantization_config",
+                    "missing: routed experts must be MXFP4 (compressed-tensors)",
+                )
+            })?;
+        rule(
+            q.format == "mxfp4-pack-quantized",
+            "quantization_config.format",
+            || format!("`{}` unsupported; only `mxfp4-pack-quantized`", q.format),
+        )?;
+        let mut group_size = None;
+        for (name, g) in &q.config_groups {
+            let field = format!("quantization_config.config_groups.{name}.weights");
+            rule(
+                g.weights.num_bits == 4 && g.weights.kind == "float",
+                &field,
+                || "MXFP4 needs num_bits 4 and type float".into(),
+            )?;
+            rule(
+                g.weights.group_size == 32,
+                &format!("{field}.group_size"),
+                || format!("MXFP4 group size must be 32, got {}", g.weights.group_size),
+            )?;
+            group_size = Some(g.weights.group_size);
+        }
+        let group_size = group_size.ok_or_else(|| {
+            Error::config("quantization_config.config_groups", "no quantisation group")
+        })?;
+
+        // Dimension divisibility for the packed experts: inputs are whole groups.
+        for (f, v) in [
+            (
+                "text_config.routed_expert_hidden_size",
+                t.routed_expert_hidden_size,
+            ),
+            ("text_config.moe_intermediate_size", t.moe_intermediate_size),
+        ] {
+            rule(v % group_size == 0, f, || {
+                format!("{v} must be a multiple of the MXFP4 group size {group_size}")
+            })?;
+        }
+        let eos_token_id = root.eos_token_id.or(t.eos_token_id).ok_or_else(|| {
+            Error::config(
+                "eos_token_id",
+                "missing (needed as the generation stop token)",
+            )
+        })?;
+        rule(
+            (eos_token_id as usize) < t.vocab_size,
+            "eos_token_id",
+            || {
+                format!(
+                    "{eos_token_id} is outside the vocabulary ({})",
+                    t.vocab_size
+                )
+            },
+        )?;
+
+        Ok(K3Config {
+            root,
+            schedule,
+            group_size,
+            eos_token_id,
+        })
+    }
+
+    /// The language-model part.
+    pub fn text(&self) -> &TextConfig {
+        &self.root.text_config
+    }
+
+    /// Number of decoder layers.
+    pub fn num_layers(&self) -> usize {
+        self.schedule.len()
+    }
+
+    /// Indices of the MoE layers.
+    pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.schedule
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.ffn == FfnKind::Moe)
+            .map(|(l, _)| l)
+    }
+
+    /// MXFP4 shapes `(rows, cols)` of the three expert matrices w1 (gate), w2 (down), w3 (up).
+    pub fn expert_matrix_shapes(&self) -> [(usize, usize); 3] {
+        let t = self.text();
+        let (i, r) = (t.moe_intermediate_size, t.routed_expert_hidden_size);
+        [(i, r), (r, i), (i, r)]
+    }
+
+    /// Bytes of one routed expert's raw span (six tensors, no padding).
+    pub fn expert_span_bytes(&self) -> usize {
+        self.expert_matrix_shapes()
+            .iter()
+            .map(|&(r, c)| r * c / 2 + r * c / self.group_size)
+            .sum()
+    }
+
+    /// Fused shared-expert width.
+    pub fn shared_width(&self) -> usize {
+        self.text().num_shared_experts * self.text().moe_intermediate_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Real K3's config values (spec §1.2) as JSON.
+    pub(crate) fn k3_json() -> serde_json::Value {
+        let mla: Vec<usize> = (1..=93).filter(|l| l % 4 == 0 || *l == 93).collect();
+        let kda: Vec<usize> = (1..=93).filter(|l| !mla.contains(l)).collect();
+        serde_json::json!({
+            "model_type": "kimi_k3", "dtype": "bfloat16", "tie_word_embeddings": false,
+            "bos_token_id": 163584, "eos_token_id": 163586, "pad_token_id": 163839,
+            "text_config": {
+                "model_type": "kimi_linear", "hidden_size": 7168, "num_hidden_layers": 93,
+                "vocab_size": 163840, "max_position_embeddings": 1048576,
+                "intermediate_size": 33792, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+                "num_experts": 896, "num_experts_per_token": 16, "num_shared_experts": 2,
+                "moe_intermediate_size": 3072, "routed_expert_hidden_size": 3584,
+                "latent_moe_use_norm": true, "moe_router_activation_func": "sigmoid",
+                "topk_method": "noaux_tc", "use_grouped_topk": true, "num_expert_group": 1,
+                "topk_group": 1, "moe_renormalize": true, "routed_scaling_factor": 1.0,
+                "hidden_act": "situ", "activation_situ_beta": 4.0,
+                "activation_situ_linear_beta": 25.0, "rms_norm_eps": 1e-5,
+                "num_attention_heads": 96, "num_key_value_heads": 96, "q_lora_rank": 1536,
+                "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "mla_use_nope": true, "mla_use_output_gate": true,
+                "attn_res_block_size": 12, "num_nextn_predict_layers": 0, "use_cache": true,
+                "dtype": "bfloat16", "tie_word_embeddings": false,
+                "bos_token_id": 163584, "eos_token_id": 163586, "pad_token_id": 163839,
+                "linear_attn_config": {
+                    "num_heads": 96, "head_dim": 128, "short_conv_kernel_size": 4,
+                    "use_full_rank_gate": true, "gate_lower_bound": -5.0,
+                    "kda_layers": kda, "full_attn_layers": mla
+                },
+                "quantization_config": {
+                    "quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+                    "quantization_status": "compressed",
+                    "config_groups": {"group_0": {"format": "mxfp4-pack-quantized",
+                        "weights": {"num_bits": 4, "type": "float", "strategy": "group",
+                            "group_size": 32, "symmetric": true, "dynamic": false,
+                            "observer": "minmax", "scale_dtype": "torch.uint8"}}}
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn real_k3_config_schedule() {
+        let c = K3Config::from_json(&k3_json().to_string()).unwrap();
+        assert_eq!(c.num_layers(), 93);
+        let mla: Vec<usize> = (0..93)
+            .filter(|&l| c.schedule[l].attn == AttnKind::Mla)
+            .collect();
+        assert_eq!(mla.len(), 24);
+        assert!(mla.iter().all(|&l| l % 4 == 3 || l == 92));
+        assert!(mla.contains(&92));
+        assert_eq!(c.schedule[0].ffn, FfnKind::Dense);
+        assert_eq!(c.schedule[0].attn, AttnKind::Kda);
+        assert_eq!(c.moe_layers().count(), 92);
+        assert_eq!(c.expert_span_bytes(), 17_547_264);
+        assert_eq!(c.shared_width(), 6144);
+        assert_eq!(c.eos_token_id, 163586);
+    }
+
+    fn expect_err(mutate: impl FnOnce(&mut serde_json::Value), field_part: &str) {
+        let mut j = k3_json();
+        mutate(&mut j);
+        match K3Config::from_json(&j.to_string()) {
+            Err(Error::Config { field, rule }) => {
+                assert!(field.contains(field_part), "field {field} rule {rule}")
+            }
+            other => panic!("expected config error on {field_part}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_field_and_rule() {
+        expect_err(
+            |j| j["text_config"]["linear_attn_config"]["kda_layers"] = serde_json::json!([1, 2]),
+            "linear_attn_config",
+        );
+        expect_err(
+            |j| {
+                j["text_config"]["linear_attn_config"]["full_attn_layers"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(serde_json::json!(1))
+            },
+            "full_attn_layers",
+        );
+        expect_err(
+            |j| {
+                j["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]
+                    ["group_size"] = 16.into()
+            },
+            "group_size",
+        );
+        expect_err(
+            |j| j["text_config"]["num_experts_per_token"] = 900.into(),
+            "num_experts_per_token",
+        );
+        expect_err(
+            |j| j["text_config"]["routed_expert_hidden_size"] = 3585.into(),
+            "routed_expert_hidden_size",
+        );
+        expect_err(
+            |j| j["text_config"]["linear_attn_config"]["full_attn_layers"] = serde_json::json!([0]),
+            "full_attn_layers",
+        );
+    }
+
+    #[test]
+    fn malformed_json_is_an_error() {
+        assert!(K3Config::from_json("{").is_err());
+        assert!(K3Config::from_json("{\"text_config\": 3}").is_err());
+    }
+}

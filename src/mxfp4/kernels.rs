@@ -1,0 +1,211 @@
+//! Fused MXFP4 dequant + dot-product kernels over one weight row.
+//!
+//! The reduction order is fixed for every variant, so all of them are bit-identical:
+//! lane `j ∈ 0..32` accumulates `w[32g+j] · x[32g+j]` over the groups `g` in order with one
+//! fp32 FMA per step, where `w = E2M1[nibble] · 2^(s−127)` (exact). At the end the 32 lanes are
+//! viewed as 8 accumulators of 4 (`acc[j/4][j%4]`), reduced `((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7))`
+//! lane-wise, and the 4 lanes are added `(l0+l1)+(l2+l3)` (spec §2.4). SIMD kernels may keep the
+//! lanes in any physical order; they map them back before the final reduction.
+
+use super::format::{e8m0, Mxfp4Matrix, E2M1, GROUP};
+
+/// Which kernel computes a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Plain Rust, one lane at a time: the reference.
+    Scalar,
+    /// x86-64 AVX2 + FMA.
+    Avx2,
+    /// x86-64 AVX-512F.
+    Avx512,
+    /// aarch64 NEON.
+    Neon,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU supports.
+    pub fn best() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                return Kernel::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Kernel::Avx2;
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                return Kernel::Neon;
+            }
+        }
+        Kernel::Scalar
+    }
+
+    /// Every kernel this CPU can run.
+    pub fn available() -> Vec<Kernel> {
+        let mut v = vec![Kernel::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                v.push(Kernel::Avx2);
+            }
+            if std::is_x86_feature_detected!("avx512f") {
+                v.push(Kernel::Avx512);
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                v.push(Kernel::Neon);
+            }
+        }
+        v
+    }
+
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+            Kernel::Neon => "neon",
+        }
+    }
+}
+
+/// The fixed final reduction of 32 canonical lanes.
+#[inline(always)]
+pub fn reduce32(acc: &[f32; 32]) -> f32 {
+    let mut s = [0f32; 4];
+    for (i, si) in s.iter_mut().enumerate() {
+        let a = |k: usize| acc[4 * k + i];
+        *si = ((a(0) + a(1)) + (a(2) + a(3))) + ((a(4) + a(5)) + (a(6) + a(7)));
+    }
+    (s[0] + s[1]) + (s[2] + s[3])
+}
+
+/// Reference kernel for a tile of rows and up to `xs.len()` input vectors:
+/// `out[t][k] = W[r0 + k] · xs[t]`.
+pub fn rows_scalar(
+    m: &Mxfp4Matrix,
+    r0: usize,
+    nrows: usize,
+    xs: &[&[f32]],
+    out: &mut [&mut [f32]],
+) {
+    for k in 0..nrows {
+        let p = m.row_packed(r0 + k);
+        let s = m.row_scales(r0 + k);
+        for (x, o) in xs.iter().zip(out.iter_mut()) {
+            let mut acc = [0f32; 32];
+            for g in 0..m.groups() {
+                let sc = e8m0(s[g]);
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let b = p[g * GROUP / 2 + j / 2];
+                    let w = E2M1[((b >> (4 * (j % 2))) & 0xF) as usize] * sc;
+                    *a = w.mul_add(x[g * GROUP + j], *a);
+                }
+            }
+            o[k] = reduce32(&acc);
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::*;
+    use std::arch::aarch64::*;
+
+    /// NEON twin of `rows_scalar`: the same `w` per lane, decoded into a 32-entry buffer, and
+    /// one `vfmaq_f32` per 4 lanes (physical register k, lane i = canonical lane 4k+i).
+    #[target_feature(enable = "neon")]
+    pub unsafe fn rows(
+        m: &Mxfp4Matrix,
+        r0: usize,
+        nrows: usize,
+        xs: &[&[f32]],
+        out: &mut [&mut [f32]],
+    ) {
+        for k in 0..nrows {
+            let p = m.row_packed(r0 + k);
+            let s = m.row_scales(r0 + k);
+            for (x, o) in xs.iter().zip(out.iter_mut()) {
+                let mut acc = [vdupq_n_f32(0.0); 8];
+                let mut w = [0f32; 32];
+                for g in 0..m.groups() {
+                    let sc = e8m0(s[g]);
+                    for b in 0..16 {
+                        let byte = p[g * 16 + b];
+                        w[2 * b] = E2M1[(byte & 0xF) as usize] * sc;
+                        w[2 * b + 1] = E2M1[(byte >> 4) as usize] * sc;
+                    }
+                    let xg = &x[g * GROUP..(g + 1) * GROUP];
+                    for (q, a) in acc.iter_mut().enumerate() {
+                        let wv = vld1q_f32(w.as_ptr().add(4 * q));
+                        let xv = vld1q_f32(xg.as_ptr().add(4 * q));
+                        *a = vfmaq_f32(*a, wv, xv);
+                    }
+                }
+                let mut lanes = [0f32; 32];
+                for (q, a) in acc.iter().enumerate() {
+                    vst1q_f32(lanes.as_mut_ptr().add(4 * q), *a);
+                }
+                o[k] = reduce32(&lanes);
+            }
+        }
+    }
+}
+
+/// Runs `kernel` on a tile; `xs` must already be in the kernel's lane order (`prepare_x`).
+/// Falls back to the reference when the CPU lacks the feature.
+pub(crate) fn rows(
+    kernel: Kernel,
+    m: &Mxfp4Matrix,
+    r0: usize,
+    nrows: usize,
+    xs: &[&[f32]],
+    out: &mut [&mut [f32]],
+) {
+    debug_assert!(xs.iter().all(|x| x.len() == m.cols));
+    debug_assert!(out.iter().all(|o| o.len() >= nrows));
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 if std::is_x86_feature_detected!("avx512f") => {
+            // SAFETY: the feature was detected at run time.
+            unsafe { super::x86::rows_avx512(m, r0, nrows, xs, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") =>
+        {
+            // SAFETY: the features were detected at run time.
+            unsafe { super::x86::rows_avx2(m, r0, nrows, xs, out) }
+        }
+        #[cfg(target_arch = "aarch64")]
+        Kernel::Neon if std::arch::is_aarch64_feature_detected!("neon") => {
+            // SAFETY: the feature was detected at run time.
+            unsafe { neon::rows(m, r0, nrows, xs, out) }
+        }
+        _ => rows_scalar(m, r0, nrows, xs, out),
+    }
+}
+
+/// The kernel that will actually run for `kernel` on this CPU.
+pub fn effective(kernel: Kernel) -> Kernel {
+    if Kernel::available().contains(&kernel) {
+        kernel
+    } else {
+        Kernel::Scalar
+    }
+}
+
+/// Puts an input vector into the lane order `kernel` expects.
+pub fn prepare_x(kernel: Kernel, x: &[f32]) -> std::borrow::Cow<'_, [f32]> {
+    match effective(kernel) {
+        #[cfg(target_arch = "x86_64")]
+        k @ (Kernel::Avx2 | Kernel::Avx512) => std::borrow::Cow::Owned(super::x86::permute_x(k, x)),
+        _ => std::borrow::Cow::Borrowed(x),
+    }
+}

@@ -1,0 +1,103 @@
+//! MXFP4 (E2M1 values, E8M0 scale per 32 inputs): exact decode, a reference dequantiser, and
+//! fused dequant + GEMV kernels (scalar, AVX2, AVX-512, NEON) that never build the fp32 matrix.
+//! Usable on borrowed bytes (`gemv`, `gemm`) and as a Candle op (`matvec`).
+
+pub mod expert;
+pub mod format;
+pub mod kernels;
+pub mod op;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+pub use expert::{situ, Mxfp4Expert};
+pub use format::{dequantize, e8m0, quantize, Mxfp4Matrix, E2M1, GROUP};
+pub use kernels::Kernel;
+pub use op::{matvec, Mxfp4Weights};
+
+use rayon::prelude::*;
+
+use crate::{Error, Result};
+
+/// Rows per parallel task: big enough to amortise scheduling, small enough to balance.
+const ROW_TILE: usize = 64;
+
+/// `y = W x` with the fastest kernel, rows split across the rayon pool.
+pub fn gemv(m: &Mxfp4Matrix, x: &[f32], y: &mut [f32]) -> Result<()> {
+    gemm_with(Kernel::best(), m, x, 1, y, true)
+}
+
+/// `ys[t] = W xs[t]` for `t` input rows (`xs` is `[t, cols]`, `ys` is `[t, rows]`): each weight
+/// group is decoded once for all rows, and every output equals the single-row call bit for bit.
+pub fn gemm(m: &Mxfp4Matrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()> {
+    gemm_with(Kernel::best(), m, xs, t, ys, true)
+}
+
+/// `gemm` with a chosen kernel, optionally parallel.
+pub fn gemm_with(
+    kernel: Kernel,
+    m: &Mxfp4Matrix,
+    xs: &[f32],
+    t: usize,
+    ys: &mut [f32],
+    parallel: bool,
+) -> Result<()> {
+    if xs.len() != t * m.cols {
+        return Err(Error::Mxfp4(format!(
+            "input has {} values, expected {t} x {}",
+            xs.len(),
+            m.cols
+        )));
+    }
+    if ys.len() != t * m.rows {
+        return Err(Error::Mxfp4(format!(
+            "output has {} values, expected {t} x {}",
+            ys.len(),
+            m.rows
+        )));
+    }
+    if t == 0 || m.rows == 0 {
+        return Ok(());
+    }
+    let prepared: Vec<std::borrow::Cow<[f32]>> = xs
+        .chunks(m.cols)
+        .map(|x| kernels::prepare_x(kernel, x))
+        .collect();
+    let xr: Vec<&[f32]> = prepared.iter().map(|c| c.as_ref()).collect();
+    if t == 1 {
+        let run = |(i, chunk): (usize, &mut [f32])| {
+            let n = chunk.len();
+            kernels::rows(kernel, m, i * ROW_TILE, n, &xr, &mut [chunk]);
+        };
+        if parallel {
+            ys.par_chunks_mut(ROW_TILE).enumerate().for_each(run);
+        } else {
+            ys.chunks_mut(ROW_TILE).enumerate().for_each(run);
+        }
+        return Ok(());
+    }
+    let tiles = m.rows.div_ceil(ROW_TILE);
+    let compute = |i: usize| -> Vec<f32> {
+        let r0 = i * ROW_TILE;
+        let n = ROW_TILE.min(m.rows - r0);
+        let mut buf = vec![0f32; t * n];
+        let mut outs: Vec<&mut [f32]> = buf.chunks_mut(n).collect();
+        kernels::rows(kernel, m, r0, n, &xr, &mut outs);
+        buf
+    };
+    let parts: Vec<Vec<f32>> = if parallel {
+        (0..tiles).into_par_iter().map(compute).collect()
+    } else {
+        (0..tiles).map(compute).collect()
+    };
+    for (i, buf) in parts.iter().enumerate() {
+        let r0 = i * ROW_TILE;
+        let n = ROW_TILE.min(m.rows - r0);
+        for tt in 0..t {
+            ys[tt * m.rows + r0..tt * m.rows + r0 + n].copy_from_slice(&buf[tt * n..(tt + 1) * n]);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

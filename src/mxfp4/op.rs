@@ -1,0 +1,101 @@
+//! MXFP4 weights as a Candle op, in the style of Candle's `QTensor`: the op holds the packed
+//! bytes and scales; `matvec(&x, &w)` maps `[.., cols]` f32 to `[.., rows]` f32.
+
+use std::sync::Arc;
+
+use candle::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+
+use super::format::Mxfp4Matrix;
+use super::kernels::Kernel;
+
+/// An owned MXFP4 matrix `[rows, cols]` (packed codes + E8M0 scales).
+#[derive(Debug, Clone)]
+pub struct Mxfp4Weights {
+    packed: Arc<[u8]>,
+    scales: Arc<[u8]>,
+    rows: usize,
+    cols: usize,
+    kernel: Kernel,
+}
+
+impl Mxfp4Weights {
+    /// Wraps packed `[rows, cols/2]` and scales `[rows, cols/32]`, checking sizes.
+    pub fn new(
+        packed: impl Into<Arc<[u8]>>,
+        scales: impl Into<Arc<[u8]>>,
+        rows: usize,
+        cols: usize,
+    ) -> crate::Result<Self> {
+        let (packed, scales) = (packed.into(), scales.into());
+        Mxfp4Matrix::new(&packed, &scales, rows, cols)?;
+        Ok(Mxfp4Weights {
+            packed,
+            scales,
+            rows,
+            cols,
+            kernel: Kernel::best(),
+        })
+    }
+
+    /// Uses a specific kernel (for tests and benchmarks).
+    pub fn with_kernel(mut self, kernel: Kernel) -> Self {
+        self.kernel = kernel;
+        self
+    }
+
+    /// A borrowed view.
+    pub fn matrix(&self) -> Mxfp4Matrix<'_> {
+        Mxfp4Matrix {
+            packed: &self.packed,
+            scales: &self.scales,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    /// The dequantised matrix as an f32 tensor (reference path).
+    pub fn dequantize(&self, device: &candle::Device) -> candle::Result<Tensor> {
+        Tensor::from_vec(
+            super::format::dequantize(&self.matrix()),
+            (self.rows, self.cols),
+            device,
+        )
+    }
+}
+
+impl CustomOp1 for Mxfp4Weights {
+    fn name(&self) -> &'static str {
+        "mxfp4-matvec"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle::Result<(CpuStorage, Shape)> {
+        let x = storage.as_slice::<f32>()?;
+        let (a, b) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle::Error::Msg("mxfp4 matvec: input must be contiguous".into()))?;
+        let x = &x[a..b];
+        let dims = layout.shape().dims();
+        let last = dims.last().copied().unwrap_or(0);
+        if last != self.cols {
+            candle::bail!("mxfp4 matvec: input last dim {last} != cols {}", self.cols);
+        }
+        let t = x.len().checked_div(self.cols).unwrap_or(0);
+        let mut y = vec![0f32; t * self.rows];
+        super::gemm_with(self.kernel, &self.matrix(), x, t, &mut y, true)
+            .map_err(|e| candle::Error::Msg(e.to_string()))?;
+        let mut out_dims = dims.to_vec();
+        if let Some(l) = out_dims.last_mut() {
+            *l = self.rows;
+        }
+        Ok((CpuStorage::F32(y), Shape::from(out_dims)))
+    }
+}
+
+/// `W x` over the last dimension of `x` (f32, any leading dims).
+pub fn matvec(x: &Tensor, w: &Mxfp4Weights) -> candle::Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(w)
+}

@@ -1,0 +1,150 @@
+#![allow(clippy::needless_range_loop)] // lane-indexed kernels read clearer with explicit indices
+//! x86-64 kernels. Each keeps the 32 canonical lanes in its own physical order and receives the
+//! input vectors already permuted to that order (`permute_x`); `lanes_to_canonical` maps back.
+
+use std::arch::x86_64::*;
+
+use super::format::{e8m0, Mxfp4Matrix, E2M1, GROUP};
+use super::kernels::{reduce32, Kernel};
+
+/// Canonical lane held by physical lane `p` of a group, for each kernel's layout.
+#[inline(always)]
+pub fn canonical_lane(kernel: Kernel, p: usize) -> usize {
+    match kernel {
+        // [evens 0..30 | odds 1..31]
+        Kernel::Avx512 => {
+            if p < 16 {
+                2 * p
+            } else {
+                2 * (p - 16) + 1
+            }
+        }
+        // four blocks of 8: lo nibbles of bytes 0..8, hi of 0..8, lo of 8..16, hi of 8..16
+        Kernel::Avx2 => {
+            let (q, i) = (p / 8, p % 8);
+            16 * (q / 2) + 2 * i + (q % 2)
+        }
+        _ => p,
+    }
+}
+
+/// Reorders x (length a multiple of 32) into the kernel's physical lane order.
+pub fn permute_x(kernel: Kernel, x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for g in 0..x.len() / GROUP {
+        for p in 0..GROUP {
+            out[g * GROUP + p] = x[g * GROUP + canonical_lane(kernel, p)];
+        }
+    }
+    out
+}
+
+#[inline(always)]
+fn finish(kernel: Kernel, phys: &[f32; 32]) -> f32 {
+    let mut lanes = [0f32; 32];
+    for (p, v) in phys.iter().enumerate() {
+        lanes[canonical_lane(kernel, p)] = *v;
+    }
+    reduce32(&lanes)
+}
+
+const TILE_X: usize = 4;
+
+/// AVX-512 kernel; `xs` are permuted with `permute_x(Kernel::Avx512, ..)`.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn rows_avx512(
+    m: &Mxfp4Matrix,
+    r0: usize,
+    nrows: usize,
+    xs: &[&[f32]],
+    out: &mut [&mut [f32]],
+) {
+    let lut = _mm512_loadu_ps(E2M1.as_ptr());
+    let groups = m.groups();
+    for k in 0..nrows {
+        let p = m.row_packed(r0 + k).as_ptr();
+        let s = m.row_scales(r0 + k);
+        let mut t0 = 0;
+        while t0 < xs.len() {
+            let nt = (xs.len() - t0).min(TILE_X);
+            let mut acc = [[_mm512_setzero_ps(); 2]; TILE_X];
+            for (g, &sb) in s.iter().enumerate().take(groups) {
+                let tbl = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0(sb)));
+                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16 * g) as *const __m128i));
+                let we = _mm512_permutexvar_ps(v, tbl);
+                let wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
+                for t in 0..nt {
+                    let xp = xs[t0 + t].as_ptr().add(GROUP * g);
+                    acc[t][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xp), acc[t][0]);
+                    acc[t][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xp.add(16)), acc[t][1]);
+                }
+            }
+            for t in 0..nt {
+                let mut phys = [0f32; 32];
+                _mm512_storeu_ps(phys.as_mut_ptr(), acc[t][0]);
+                _mm512_storeu_ps(phys.as_mut_ptr().add(16), acc[t][1]);
+                out[t0 + t][k] = finish(Kernel::Avx512, &phys);
+            }
+            t0 += nt;
+        }
+    }
+}
+
+/// AVX2 + FMA kernel; `xs` are permuted with `permute_x(Kernel::Avx2, ..)`.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn rows_avx2(
+    m: &Mxfp4Matrix,
+    r0: usize,
+    nrows: usize,
+    xs: &[&[f32]],
+    out: &mut [&mut [f32]],
+) {
+    let mag = _mm256_loadu_ps(E2M1.as_ptr());
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let groups = m.groups();
+    for k in 0..nrows {
+        let p = m.row_packed(r0 + k).as_ptr();
+        let s = m.row_scales(r0 + k);
+        let mut t0 = 0;
+        while t0 < xs.len() {
+            let nt = (xs.len() - t0).min(TILE_X);
+            let mut acc = [[_mm256_setzero_ps(); 4]; TILE_X];
+            for (g, &sb) in s.iter().enumerate().take(groups) {
+                let tbl = _mm256_mul_ps(mag, _mm256_set1_ps(e8m0(sb)));
+                let mut w = [_mm256_setzero_ps(); 4];
+                for h in 0..2 {
+                    let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        p.add(16 * g + 8 * h) as *const __m128i
+                    ));
+                    let slo = _mm256_and_si256(_mm256_slli_epi32(v, 28), sign);
+                    let shi = _mm256_and_si256(_mm256_slli_epi32(v, 24), sign);
+                    let lo = _mm256_permutevar8x32_ps(tbl, v);
+                    let hi = _mm256_permutevar8x32_ps(tbl, _mm256_srli_epi32(v, 4));
+                    w[2 * h] = _mm256_xor_ps(lo, _mm256_castsi256_ps(slo));
+                    w[2 * h + 1] = _mm256_xor_ps(hi, _mm256_castsi256_ps(shi));
+                }
+                for t in 0..nt {
+                    let xp = xs[t0 + t].as_ptr().add(GROUP * g);
+                    for q in 0..4 {
+                        acc[t][q] =
+                            _mm256_fmadd_ps(w[q], _mm256_loadu_ps(xp.add(8 * q)), acc[t][q]);
+                    }
+                }
+            }
+            for t in 0..nt {
+                let mut phys = [0f32; 32];
+                for q in 0..4 {
+                    _mm256_storeu_ps(phys.as_mut_ptr().add(8 * q), acc[t][q]);
+                }
+                out[t0 + t][k] = finish(Kernel::Avx2, &phys);
+            }
+            t0 += nt;
+        }
+    }
+}
