@@ -143,7 +143,10 @@ pub fn discover_shards(dir: &Path) -> Result<Vec<String>> {
             .collect();
         names.sort();
         names.dedup();
-        return order_shards(&names, dir);
+        return order_shards(&names, dir).map_err(|e| Error::Checkpoint {
+            dir: dir.to_path_buf(),
+            msg: format!("model.safetensors.index.json: {e}"),
+        });
     }
     let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
     let mut names = Vec::new();

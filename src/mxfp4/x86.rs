@@ -12,13 +12,8 @@ use super::kernels::{reduce32, Kernel};
 pub fn canonical_lane(kernel: Kernel, p: usize) -> usize {
     match kernel {
         // [evens 0..30 | odds 1..31]
-        Kernel::Avx512 => {
-            if p < 16 {
-                2 * p
-            } else {
-                2 * (p - 16) + 1
-            }
-        }
+        // [lo nibbles | hi nibbles] of bytes 0..16 = [evens 0..30 | odds 1..31]
+        Kernel::Avx512 => 2 * (p % 16) + p / 16,
         // four blocks of 8: lo nibbles of bytes 0..8, hi of 0..8, lo of 8..16, hi of 8..16
         Kernel::Avx2 => {
             let (q, i) = (p / 8, p % 8);
@@ -62,6 +57,19 @@ pub unsafe fn rows_avx512(
     xs: &[&[f32]],
     out: &mut [&mut [f32]],
 ) {
+    if xs.len() == 1 {
+        // Decode: several rows in flight hide the FMA latency of each lane chain.
+        let mut k = 0;
+        while k + 4 <= nrows {
+            avx512_rows1::<4>(m, r0 + k, xs[0], &mut out[0][k..k + 4]);
+            k += 4;
+        }
+        while k < nrows {
+            avx512_rows1::<1>(m, r0 + k, xs[0], &mut out[0][k..k + 1]);
+            k += 1;
+        }
+        return;
+    }
     let lut = _mm512_loadu_ps(E2M1.as_ptr());
     let groups = m.groups();
     for k in 0..nrows {
@@ -73,7 +81,7 @@ pub unsafe fn rows_avx512(
             let mut acc = [[_mm512_setzero_ps(); 2]; TILE_X];
             for (g, &sb) in s.iter().enumerate().take(groups) {
                 let tbl = _mm512_mul_ps(lut, _mm512_set1_ps(e8m0(sb)));
-                let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(16 * g) as *const __m128i));
+                let v = avx512_bytes(p.add(16 * g));
                 let we = _mm512_permutexvar_ps(v, tbl);
                 let wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
                 for t in 0..nt {
@@ -90,6 +98,54 @@ pub unsafe fn rows_avx512(
             }
             t0 += nt;
         }
+    }
+}
+
+/// The 16 bytes of a group widened to one dword lane each.
+#[inline(always)]
+unsafe fn avx512_bytes(p: *const u8) -> __m512i {
+    _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// `R` consecutive rows against one input vector (several rows in flight hide the FMA latency
+/// of each lane chain).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_rows1<const R: usize>(m: &Mxfp4Matrix, r0: usize, x: &[f32], out: &mut [f32]) {
+    let lut = _mm512_loadu_ps(E2M1.as_ptr());
+    let groups = m.groups();
+    let pstride = m.cols / 2;
+    let p = m.row_packed(r0).as_ptr();
+    let s = m.row_scales(r0).as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    // Scale floats of 16 groups at a time, broadcast from memory in the loop.
+    let mut sc = [[0f32; 16]; R];
+    for g in 0..groups {
+        if g % 16 == 0 {
+            let n = (groups - g).min(16);
+            for r in 0..R {
+                for j in 0..n {
+                    sc[r][j] = e8m0(*s.add(r * groups + g + j));
+                }
+            }
+        }
+        let xp = x.as_ptr().add(GROUP * g);
+        let x0 = _mm512_loadu_ps(xp);
+        let x1 = _mm512_loadu_ps(xp.add(16));
+        for r in 0..R {
+            let tbl = _mm512_mul_ps(lut, _mm512_set1_ps(sc[r][g % 16]));
+            let v = avx512_bytes(p.add(r * pstride + 16 * g));
+            let we = _mm512_permutexvar_ps(v, tbl);
+            let wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
+            acc[r][0] = _mm512_fmadd_ps(we, x0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(wo, x1, acc[r][1]);
+        }
+    }
+    for r in 0..R {
+        let mut phys = [0f32; 32];
+        _mm512_storeu_ps(phys.as_mut_ptr(), acc[r][0]);
+        _mm512_storeu_ps(phys.as_mut_ptr().add(16), acc[r][1]);
+        out[r] = finish(Kernel::Avx512, &phys);
     }
 }
 
