@@ -23,8 +23,16 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod experts;
+pub mod generate;
+pub mod model;
 pub mod mxfp4;
 pub mod progress;
+pub mod spine;
 
 pub use config::K3Config;
 pub use error::{Error, Result};
+pub use experts::ExpertProvider;
+pub use generate::{GenerateOptions, Generation, Generator};
+pub use model::{K3Model, SeqState};
+pub use spine::SpineSource;

@@ -1,0 +1,105 @@
+//! `ExpertProvider`: the only way the MoE layer gets routed-expert bytes. Each expert is handed
+//! over as its raw canonical span (the six tensors in `ExpertLayout` order, no padding).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::{Error, Result};
+
+/// The bytes of one expert, shared without copying.
+pub type ExpertBytes = Arc<[u8]>;
+
+/// Supplies routed-expert bytes to a MoE layer.
+pub trait ExpertProvider: Send + Sync {
+    /// The bytes of each of `experts` of `layer`, in request order. A whole layer's selection is
+    /// requested at once so implementations can read in parallel.
+    fn fetch(&self, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>>;
+
+    /// A hint that these experts of `layer` will probably be needed soon.
+    fn prefetch(&self, _layer: usize, _experts: &[usize]) {}
+}
+
+/// The simplest provider: reads spans from the local shards via the inventory and keeps every
+/// expert it has read in an in-RAM map.
+pub struct ShardExperts {
+    inv: Arc<Inventory>,
+    index: Arc<ExpertIndex>,
+    files: Mutex<HashMap<usize, Arc<File>>>,
+    cache: RwLock<HashMap<(usize, usize), ExpertBytes>>,
+}
+
+impl ShardExperts {
+    /// A provider over local shards.
+    pub fn new(inv: Arc<Inventory>, index: Arc<ExpertIndex>) -> Self {
+        ShardExperts {
+            inv,
+            index,
+            files: Mutex::new(HashMap::new()),
+            cache: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn file(&self, shard: usize) -> Result<Arc<File>> {
+        let mut files = self
+            .files
+            .lock()
+            .map_err(|_| Error::Msg("expert file table poisoned".into()))?;
+        if let Some(f) = files.get(&shard) {
+            return Ok(f.clone());
+        }
+        let path = self.inv.shard_path(shard);
+        let f = Arc::new(File::open(&path).map_err(|e| Error::io(&path, e))?);
+        files.insert(shard, f.clone());
+        Ok(f)
+    }
+
+    /// Reads one expert's canonical span: one read when contiguous, one per part otherwise.
+    pub fn read_span(&self, layer: usize, expert: usize) -> Result<Vec<u8>> {
+        let span = self
+            .index
+            .span(layer, expert)
+            .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {expert}")))?;
+        let f = self.file(span.shard)?;
+        let path = || self.inv.shard_path(span.shard);
+        let mut buf = vec![0u8; span.len() as usize];
+        if span.is_contiguous() {
+            f.read_exact_at(&mut buf, span.start())
+                .map_err(|e| Error::io(path(), e))?;
+        } else {
+            let mut o = 0usize;
+            for &(start, len) in &span.parts {
+                f.read_exact_at(&mut buf[o..o + len as usize], start)
+                    .map_err(|e| Error::io(path(), e))?;
+                o += len as usize;
+            }
+        }
+        Ok(buf)
+    }
+}
+
+impl ExpertProvider for ShardExperts {
+    fn fetch(&self, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {
+        let mut out = Vec::with_capacity(experts.len());
+        for &e in experts {
+            if let Some(b) = self
+                .cache
+                .read()
+                .map_err(|_| Error::Msg("expert cache poisoned".into()))?
+                .get(&(layer, e))
+            {
+                out.push(b.clone());
+                continue;
+            }
+            let b: ExpertBytes = self.read_span(layer, e)?.into();
+            self.cache
+                .write()
+                .map_err(|_| Error::Msg("expert cache poisoned".into()))?
+                .insert((layer, e), b.clone());
+            out.push(b);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,138 @@
+//! `Generator`: prefill, greedy decode loop, stop rules, cancellation, streaming callback.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::model::{K3Model, SeqState};
+use crate::Result;
+
+/// What ends generation early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A stop token (end of message) was generated.
+    Stop,
+    /// `max_new` tokens were generated.
+    Length,
+    /// The cancellation flag was set.
+    Cancelled,
+}
+
+/// Generation settings.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_new: usize,
+    /// Tokens that end generation (they are included in the output).
+    pub stop_ids: Vec<u32>,
+}
+
+/// The result of a generation.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Generation {
+    /// Prompt tokens.
+    pub prompt_ids: Vec<u32>,
+    /// Generated tokens.
+    pub generated_ids: Vec<u32>,
+    /// The 10 highest logits that chose the first generated token, highest first.
+    pub first_step_top: Vec<(u32, f32)>,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Prefill wall time in ms.
+    pub prefill_ms: f64,
+    /// Decode wall time in ms (all steps after the first token).
+    pub decode_ms: f64,
+}
+
+/// Index of the first maximal value (NaNs never win).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] || v[best].is_nan() && !x.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The `k` highest entries, highest first (ties: lower index first).
+pub fn top_k(v: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+    idx.into_iter().take(k).map(|i| (i as u32, v[i])).collect()
+}
+
+/// Greedy generation over a model.
+pub struct Generator<'m> {
+    model: &'m K3Model,
+}
+
+impl<'m> Generator<'m> {
+    /// A generator over `model`.
+    pub fn new(model: &'m K3Model) -> Self {
+        Generator { model }
+    }
+
+    /// Prefills `prompt` into `state` and decodes greedily; `on_token` sees each new token as it
+    /// is chosen; `cancel` is checked between tokens.
+    pub fn generate(
+        &self,
+        state: &mut SeqState,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
+        let mut out = Generation {
+            prompt_ids: prompt.to_vec(),
+            generated_ids: Vec::new(),
+            first_step_top: Vec::new(),
+            stop: StopReason::Length,
+            prefill_ms: 0.0,
+            decode_ms: 0.0,
+        };
+        if opts.max_new == 0 {
+            return Ok(out);
+        }
+        if cancel.load(Ordering::Relaxed) {
+            out.stop = StopReason::Cancelled;
+            return Ok(out);
+        }
+        let t0 = Instant::now();
+        let mut logits = self.model.forward(prompt, state)?.to_vec1::<f32>()?;
+        out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        out.first_step_top = top_k(&logits, 10);
+        let t1 = Instant::now();
+        loop {
+            let next = argmax(&logits);
+            out.generated_ids.push(next);
+            on_token(next);
+            if opts.stop_ids.contains(&next) {
+                out.stop = StopReason::Stop;
+                break;
+            }
+            if out.generated_ids.len() >= opts.max_new {
+                break;
+            }
+            if cancel.load(Ordering::Relaxed) {
+                out.stop = StopReason::Cancelled;
+                break;
+            }
+            logits = self.model.forward(&[next], state)?.to_vec1::<f32>()?;
+        }
+        out.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_takes_first_maximum() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
+        assert_eq!(top_k(&[1.0, 3.0, 3.0], 2), vec![(1, 3.0), (2, 3.0)]);
+    }
+}

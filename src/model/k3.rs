@@ -1,0 +1,290 @@
+//! The whole K3 language model (spec §3.3, §3.8): embedding, 93 (or any number of) decoder
+//! layers with Block Attention Residuals, and the tail.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle::{Device, Tensor};
+
+use super::attn_res::AttnRes;
+use super::kda::{Kda, KdaMode};
+use super::mla::{Mla, MlaMode};
+use super::moe::{Mlp, Moe, Route};
+use super::ops::{linear, rms_norm};
+use super::state::{LayerState, SeqState};
+use super::weights::LayerWeights;
+use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::config::{AttnKind, FfnKind, K3Config};
+use crate::experts::{ExpertProvider, ShardExperts};
+use crate::mxfp4::Kernel;
+use crate::spine::{ShardSpine, SpineSource};
+use crate::Result;
+
+/// Evaluation choices; every one has a reference the tests compare against.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelOptions {
+    /// KDA recurrence form for multi-position calls.
+    pub kda: KdaMode,
+    /// MLA form.
+    pub mla: MlaMode,
+    /// MXFP4 kernel.
+    pub kernel: Kernel,
+    /// Longest run of positions per forward call (bounds prefill memory).
+    pub prefill_chunk: usize,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            kda: KdaMode::Recurrent,
+            mla: MlaMode::Compact,
+            kernel: Kernel::best(),
+            prefill_chunk: 64,
+        }
+    }
+}
+
+enum Attn {
+    Kda(Kda),
+    Mla(Mla),
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+struct Layer {
+    attn_res: AttnRes,
+    mlp_res: AttnRes,
+    input_norm: Tensor,
+    post_norm: Tensor,
+    attn: Attn,
+    ffn: Ffn,
+}
+
+/// Routes chosen during a forward call: `(layer, position-in-call routes)`.
+pub type RouteTrace = Vec<(usize, Vec<Route>)>;
+
+/// Kimi K3.
+pub struct K3Model {
+    cfg: K3Config,
+    prefix: String,
+    spine: Arc<dyn SpineSource>,
+    experts: Arc<dyn ExpertProvider>,
+    layers: Vec<Layer>,
+    out_res: AttnRes,
+    final_norm: Tensor,
+    lm_head: Tensor,
+    /// Evaluation options.
+    pub options: ModelOptions,
+}
+
+impl K3Model {
+    /// Loads a plain checkpoint directory (config.json + shards) onto `device`, with experts read
+    /// from the local shards.
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
+        let cfg = K3Config::from_file(&dir.join("config.json"))?;
+        let inv = Arc::new(Inventory::from_dir(dir)?);
+        let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
+        let spine = Arc::new(ShardSpine::new(inv.clone(), device.clone()));
+        let experts = Arc::new(ShardExperts::new(inv.clone(), index));
+        Self::load(cfg, inv.prefix.clone(), spine, experts)
+    }
+
+    /// Builds the model from a config, a spine source and an expert provider.
+    pub fn load(
+        cfg: K3Config,
+        prefix: String,
+        spine: Arc<dyn SpineSource>,
+        experts: Arc<dyn ExpertProvider>,
+    ) -> Result<Self> {
+        let t = cfg.text();
+        let h = t.hidden_size;
+        let eps = t.rms_norm_eps;
+        let mut layers = Vec::with_capacity(cfg.num_layers());
+        for (l, kind) in cfg.schedule.iter().enumerate() {
+            let w = LayerWeights {
+                cfg: &cfg,
+                spine: spine.as_ref(),
+                prefix: &prefix,
+                layer: l,
+            };
+            let res = |n: &str, p: &str| -> Result<AttnRes> {
+                Ok(AttnRes::new(&w.get(n, &[h])?, &w.get(p, &[1, h])?, eps)?)
+            };
+            layers.push(Layer {
+                attn_res: res(
+                    "self_attention_res_norm.weight",
+                    "self_attention_res_proj.weight",
+                )?,
+                mlp_res: res("mlp_res_norm.weight", "mlp_res_proj.weight")?,
+                input_norm: w.get("input_layernorm.weight", &[h])?,
+                post_norm: w.get("post_attention_layernorm.weight", &[h])?,
+                attn: match kind.attn {
+                    AttnKind::Kda => Attn::Kda(Kda::load(&w)?),
+                    AttnKind::Mla => Attn::Mla(Mla::load(&w)?),
+                },
+                ffn: match kind.ffn {
+                    FfnKind::Dense => Ffn::Dense(Mlp::load(&w, "mlp", t.intermediate_size)?),
+                    FfnKind::Moe => Ffn::Moe(Moe::load(&w)?),
+                },
+            });
+        }
+        let g = |s: &str| format!("{prefix}model.{s}");
+        let out_res = AttnRes::new(
+            &spine.tensor(&g("output_attn_res_norm.weight"), &[h])?,
+            &spine.tensor(&g("output_attn_res_proj.weight"), &[1, h])?,
+            eps,
+        )?;
+        let final_norm = spine.tensor(&g("norm.weight"), &[h])?;
+        let lm_head = spine.tensor(&format!("{prefix}lm_head.weight"), &[t.vocab_size, h])?;
+        Ok(K3Model {
+            cfg,
+            prefix,
+            spine,
+            experts,
+            layers,
+            out_res,
+            final_norm,
+            lm_head,
+            options: ModelOptions::default(),
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &K3Config {
+        &self.cfg
+    }
+
+    /// The device of the spine.
+    pub fn device(&self) -> &Device {
+        self.spine.device()
+    }
+
+    /// A fresh sequence state.
+    pub fn new_state(&self) -> SeqState {
+        SeqState {
+            pos: 0,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| match &l.attn {
+                    Attn::Kda(k) => LayerState::Kda(k.new_state()),
+                    Attn::Mla(m) => LayerState::Mla(m.new_state()),
+                })
+                .collect(),
+        }
+    }
+
+    /// Consumes `ids` (in chunks of `options.prefill_chunk`) and returns the logits `[V]` of the
+    /// last position.
+    pub fn forward(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
+        self.forward_traced(ids, state, None)
+    }
+
+    /// `forward`, recording the routes of every MoE layer.
+    pub fn forward_traced(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        mut trace: Option<&mut RouteTrace>,
+    ) -> Result<Tensor> {
+        if ids.is_empty() {
+            return Err(crate::Error::Msg("forward needs at least one token".into()));
+        }
+        let vocab = self.cfg.text().vocab_size;
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+            return Err(crate::Error::Msg(format!(
+                "token id {bad} is outside the vocabulary (0..{vocab})"
+            )));
+        }
+        let mut last = None;
+        for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
+            let h = self.forward_chunk(chunk, state, trace.as_deref_mut())?;
+            last = Some(h);
+        }
+        let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
+        let t = h.dim(0)?;
+        let logits = linear(
+            &rms_norm(
+                &h.narrow(0, t - 1, 1)?,
+                &self.final_norm,
+                self.cfg.text().rms_norm_eps,
+            )?,
+            &self.lm_head,
+        )?;
+        Ok(logits.squeeze(0)?)
+    }
+
+    /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`.
+    fn forward_chunk(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        mut trace: Option<&mut RouteTrace>,
+    ) -> Result<Tensor> {
+        let t = self.cfg.text();
+        let eps = t.rms_norm_eps;
+        let mut h = self.spine.rows(
+            &format!("{}model.embed_tokens.weight", self.prefix),
+            [t.vocab_size, t.hidden_size],
+            ids,
+        )?;
+        let mut anchors: Vec<Tensor> = Vec::new();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let a_in = if anchors.is_empty() {
+                h.clone()
+            } else {
+                let mut v: Vec<&Tensor> = anchors.iter().collect();
+                v.push(&h);
+                layer.attn_res.forward(&v)?
+            };
+            let prefix = if l % t.attn_res_block_size == 0 {
+                anchors.push(h.clone());
+                None
+            } else {
+                Some(h.clone())
+            };
+            let x = rms_norm(&a_in, &layer.input_norm, eps)?;
+            let o = match (&layer.attn, &mut state.layers[l]) {
+                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(&x, s, self.options.kda)?,
+                (Attn::Mla(m), LayerState::Mla(s)) => m.forward(&x, s, self.options.mla)?,
+                _ => {
+                    return Err(crate::Error::Msg(format!(
+                        "layer {l}: state does not match the layer kind"
+                    )))
+                }
+            };
+            let p = match prefix {
+                Some(pr) => (pr + o)?,
+                None => o,
+            };
+            let mut v: Vec<&Tensor> = anchors.iter().collect();
+            v.push(&p);
+            let m_in = layer.mlp_res.forward(&v)?;
+            let xm = rms_norm(&m_in, &layer.post_norm, eps)?;
+            let om = match &layer.ffn {
+                Ffn::Dense(mlp) => mlp.forward(&xm)?,
+                Ffn::Moe(moe) => {
+                    let mut routes = Vec::new();
+                    let y = moe.forward(
+                        &xm,
+                        self.experts.as_ref(),
+                        self.options.kernel,
+                        trace.as_ref().map(|_| &mut routes),
+                    )?;
+                    if let Some(tr) = trace.as_deref_mut() {
+                        tr.push((l, routes));
+                    }
+                    y
+                }
+            };
+            h = (p + om)?;
+        }
+        state.pos += ids.len();
+        let mut v: Vec<&Tensor> = anchors.iter().collect();
+        v.push(&h);
+        Ok(self.out_res.forward(&v)?)
+    }
+}

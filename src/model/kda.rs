@@ -1,0 +1,181 @@
+//! Kimi Delta Attention (spec §3.4): projections and the output path as Candle ops; the short
+//! causal conv, gate preparation and the gated delta rule on host slices.
+
+use std::sync::Arc;
+
+use candle::Tensor;
+
+use super::kda_kernels::{self, KdaDims, KdaInputs};
+use super::ops::{linear, rms_norm, sigmoid};
+use super::weights::LayerWeights;
+use crate::Result;
+
+/// How the recurrence is evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KdaMode {
+    /// One position at a time (the exactness reference).
+    Recurrent,
+    /// Chunks of this many positions (spec §3.4 chunk form).
+    Chunked(usize),
+}
+
+/// Per-sequence state of one KDA layer. Copy-on-write: a clone shares the buffers.
+#[derive(Debug, Clone)]
+pub struct KdaState {
+    /// Last `W−1` raw projected inputs of q, k, v: `[3, W−1, P]`.
+    pub conv: Arc<Vec<f32>>,
+    /// Recurrent matrix `[H, K, V]`.
+    pub s: Arc<Vec<f32>>,
+}
+
+/// One KDA attention block.
+#[derive(Debug)]
+pub struct Kda {
+    q_proj: Tensor,
+    k_proj: Tensor,
+    v_proj: Tensor,
+    g_proj: Tensor,
+    f_a: Tensor,
+    f_b: Tensor,
+    b_proj: Tensor,
+    o_proj: Tensor,
+    o_norm: Tensor,
+    conv_w: [Vec<f32>; 3],
+    a_exp: Vec<f32>,
+    dt_bias: Vec<f32>,
+    heads: usize,
+    d: usize,
+    width: usize,
+    lower_bound: f32,
+    eps: f64,
+}
+
+impl Kda {
+    /// Loads layer weights (`self_attn.*`).
+    pub fn load(w: &LayerWeights) -> Result<Self> {
+        let c = w.cfg.text();
+        let la = &c.linear_attn_config;
+        let (h, hk, d, cw) = (
+            c.hidden_size,
+            la.num_heads,
+            la.head_dim,
+            la.short_conv_kernel_size,
+        );
+        let p = hk * d;
+        let host = |n: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            Ok(w.get(n, shape)?.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let a_log = host("self_attn.A_log", &[d])?;
+        Ok(Kda {
+            q_proj: w.get("self_attn.q_proj.weight", &[p, h])?,
+            k_proj: w.get("self_attn.k_proj.weight", &[p, h])?,
+            v_proj: w.get("self_attn.v_proj.weight", &[p, h])?,
+            g_proj: w.get("self_attn.g_proj.weight", &[p, h])?,
+            f_a: w.get("self_attn.f_a_proj.weight", &[d, h])?,
+            f_b: w.get("self_attn.f_b_proj.weight", &[p, d])?,
+            b_proj: w.get("self_attn.b_proj.weight", &[hk, h])?,
+            o_proj: w.get("self_attn.o_proj.weight", &[h, p])?,
+            o_norm: w.get("self_attn.o_norm.weight", &[d])?,
+            conv_w: [
+                host("self_attn.q_conv1d.weight", &[p, 1, cw])?,
+                host("self_attn.k_conv1d.weight", &[p, 1, cw])?,
+                host("self_attn.v_conv1d.weight", &[p, 1, cw])?,
+            ],
+            a_exp: a_log.iter().map(|a| a.exp()).collect(),
+            dt_bias: host("self_attn.dt_bias", &[p])?,
+            heads: hk,
+            d,
+            width: cw,
+            lower_bound: la.gate_lower_bound as f32,
+            eps: c.rms_norm_eps,
+        })
+    }
+
+    /// A zero state.
+    pub fn new_state(&self) -> KdaState {
+        let p = self.heads * self.d;
+        KdaState {
+            conv: Arc::new(vec![0.0; 3 * (self.width - 1) * p]),
+            s: Arc::new(vec![0.0; self.heads * self.d * self.d]),
+        }
+    }
+
+    /// Causal depthwise conv + SiLU over `[history, x_1..x_T]`; updates the history.
+    fn conv(&self, which: usize, xp: &[f32], t: usize, hist: &mut [f32]) -> Vec<f32> {
+        let p = self.heads * self.d;
+        let wn = self.width;
+        let w = &self.conv_w[which];
+        // src rows: W−1 history rows then T new rows.
+        let mut src = Vec::with_capacity((wn - 1 + t) * p);
+        src.extend_from_slice(hist);
+        src.extend_from_slice(xp);
+        let mut y = vec![0f32; t * p];
+        for tt in 0..t {
+            for c in 0..p {
+                let mut acc = 0f32;
+                for j in 0..wn {
+                    acc += w[c * wn + j] * src[(tt + j) * p + c];
+                }
+                y[tt * p + c] = acc / (1.0 + (-acc).exp());
+            }
+        }
+        hist.copy_from_slice(&src[t * p..]);
+        y
+    }
+
+    /// `x` is the normalised layer input `[T, H]`; returns `[T, H]`.
+    pub fn forward(&self, x: &Tensor, st: &mut KdaState, mode: KdaMode) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (hk, d) = (self.heads, self.d);
+        let p = hk * d;
+        let host =
+            |w: &Tensor| -> Result<Vec<f32>> { Ok(linear(x, w)?.flatten_all()?.to_vec1::<f32>()?) };
+        let (qp, kp, vp) = (
+            host(&self.q_proj)?,
+            host(&self.k_proj)?,
+            host(&self.v_proj)?,
+        );
+        let graw = linear(&linear(x, &self.f_a)?, &self.f_b)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let braw = host(&self.b_proj)?;
+        let gout = linear(x, &self.g_proj)?;
+
+        let conv = Arc::make_mut(&mut st.conv);
+        let hl = (self.width - 1) * p;
+        let mut q = self.conv(0, &qp, t, &mut conv[..hl]);
+        let mut k = self.conv(1, &kp, t, &mut conv[hl..2 * hl]);
+        let v = self.conv(2, &vp, t, &mut conv[2 * hl..]);
+        let qscale = 1.0 / (d as f32).sqrt();
+        for (chunk_q, chunk_k) in q.chunks_mut(d).zip(k.chunks_mut(d)) {
+            let nq = chunk_q.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            chunk_q.iter_mut().for_each(|x| *x = *x / nq * qscale);
+            let nk = chunk_k.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            chunk_k.iter_mut().for_each(|x| *x /= nk);
+        }
+        let beta: Vec<f32> = braw.iter().map(|b| 1.0 / (1.0 + (-b).exp())).collect();
+        let mut g = vec![0f32; t * p];
+        for (i, gi) in g.iter_mut().enumerate() {
+            let c = i % p;
+            let a = self.a_exp[c % d] * (graw[i] + self.dt_bias[c]);
+            *gi = self.lower_bound * (1.0 / (1.0 + (-a).exp()));
+        }
+        let s = Arc::make_mut(&mut st.s);
+        let dims = KdaDims { t, h: hk, d };
+        let inp = KdaInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+        };
+        let o = match mode {
+            KdaMode::Chunked(c) if t > 1 => kda_kernels::chunked(inp, s, dims, c),
+            _ => kda_kernels::recurrent(inp, s, dims),
+        };
+        let o = Tensor::from_vec(o, (t, hk, d), x.device())?;
+        let o = rms_norm(&o, &self.o_norm, self.eps)?;
+        let o = o.mul(&sigmoid(&gout.reshape((t, hk, d))?)?)?;
+        Ok(linear(&o.reshape((t, p))?, &self.o_proj)?)
+    }
+}

@@ -1,0 +1,176 @@
+//! Gated MLA without RoPE (spec §3.5), with the compact latent cache (`c_n`, `k_pe`) and
+//! `kv_b` absorbed into the query and output; the expanded form is kept as the reference.
+
+use candle::{Device, Tensor, D};
+
+use super::ops::{linear, rms_norm, sigmoid};
+use super::weights::LayerWeights;
+use crate::Result;
+
+/// Which MLA evaluation to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlaMode {
+    /// Latent cache, `kv_b` absorbed (the default).
+    Compact,
+    /// Keys and values expanded per head from the latent cache (the reference).
+    Expanded,
+}
+
+/// Per-sequence MLA cache: normalised latents and the shared key part, `[P, kv_lora]`,
+/// `[P, rope]`. Tensors are immutable, so a clone is a cheap snapshot.
+#[derive(Debug, Clone)]
+pub struct MlaState {
+    /// `c_n` of every past position.
+    pub c: Option<Tensor>,
+    /// `k_pe` of every past position.
+    pub kpe: Option<Tensor>,
+}
+
+/// One gated MLA block.
+#[derive(Debug)]
+pub struct Mla {
+    q_a: Tensor,
+    q_a_norm: Tensor,
+    q_b: Tensor,
+    kv_a: Tensor,
+    kv_a_norm: Tensor,
+    kv_b: Tensor,
+    /// `[heads, nope, kv_lora]`
+    w_k: Tensor,
+    /// `[heads, v, kv_lora]`
+    w_v: Tensor,
+    g_proj: Tensor,
+    o_proj: Tensor,
+    heads: usize,
+    nope: usize,
+    rope: usize,
+    v_dim: usize,
+    kv_lora: usize,
+    eps: f64,
+}
+
+impl Mla {
+    /// Loads layer weights (`self_attn.*`).
+    pub fn load(w: &LayerWeights) -> Result<Self> {
+        let c = w.cfg.text();
+        let (h, nh, nope, rope, vd, ql, kl) = (
+            c.hidden_size,
+            c.num_attention_heads,
+            c.qk_nope_head_dim,
+            c.qk_rope_head_dim,
+            c.v_head_dim,
+            c.q_lora_rank,
+            c.kv_lora_rank,
+        );
+        let kv_b = w.get("self_attn.kv_b_proj.weight", &[nh * (nope + vd), kl])?;
+        let per_head = kv_b.reshape((nh, nope + vd, kl))?;
+        Ok(Mla {
+            q_a: w.get("self_attn.q_a_proj.weight", &[ql, h])?,
+            q_a_norm: w.get("self_attn.q_a_layernorm.weight", &[ql])?,
+            q_b: w.get("self_attn.q_b_proj.weight", &[nh * (nope + rope), ql])?,
+            kv_a: w.get("self_attn.kv_a_proj_with_mqa.weight", &[kl + rope, h])?,
+            kv_a_norm: w.get("self_attn.kv_a_layernorm.weight", &[kl])?,
+            w_k: per_head.narrow(1, 0, nope)?.contiguous()?,
+            w_v: per_head.narrow(1, nope, vd)?.contiguous()?,
+            kv_b,
+            g_proj: w.get("self_attn.g_proj.weight", &[nh * vd, h])?,
+            o_proj: w.get("self_attn.o_proj.weight", &[h, nh * vd])?,
+            heads: nh,
+            nope,
+            rope,
+            v_dim: vd,
+            kv_lora: kl,
+            eps: c.rms_norm_eps,
+        })
+    }
+
+    /// An empty cache.
+    pub fn new_state(&self) -> MlaState {
+        MlaState { c: None, kpe: None }
+    }
+
+    fn causal_mask(t: usize, past: usize, dev: &Device) -> Result<Tensor> {
+        let total = past + t;
+        let mut m = vec![0f32; t * total];
+        for i in 0..t {
+            for j in past + i + 1..total {
+                m[i * total + j] = f32::NEG_INFINITY;
+            }
+        }
+        Ok(Tensor::from_vec(m, (t, total), dev)?)
+    }
+
+    /// `x` is the normalised layer input `[T, H]`; returns `[T, H]` and appends to the cache.
+    pub fn forward(&self, x: &Tensor, st: &mut MlaState, mode: MlaMode) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let (nh, nope, rope, vd) = (self.heads, self.nope, self.rope, self.v_dim);
+        let q = linear(
+            &rms_norm(&linear(x, &self.q_a)?, &self.q_a_norm, self.eps)?,
+            &self.q_b,
+        )?;
+        let q = q.reshape((t, nh, nope + rope))?.transpose(0, 1)?; // [nh, T, dq]
+        let q_nope = q.narrow(D::Minus1, 0, nope)?.contiguous()?;
+        let q_pe = q.narrow(D::Minus1, nope, rope)?.contiguous()?;
+        let ckv = linear(x, &self.kv_a)?;
+        let c_n = rms_norm(
+            &ckv.narrow(1, 0, self.kv_lora)?.contiguous()?,
+            &self.kv_a_norm,
+            self.eps,
+        )?;
+        let kpe = ckv.narrow(1, self.kv_lora, rope)?.contiguous()?;
+        let past = st.c.as_ref().map(|c| c.dim(0)).transpose()?.unwrap_or(0);
+        let c_all = match &st.c {
+            Some(c) => Tensor::cat(&[c, &c_n], 0)?,
+            None => c_n.clone(),
+        };
+        let kpe_all = match &st.kpe {
+            Some(k) => Tensor::cat(&[k, &kpe], 0)?,
+            None => kpe.clone(),
+        };
+        let mask = Self::causal_mask(t, past, x.device())?;
+        let scale = 1.0 / ((nope + rope) as f64).sqrt();
+        let pe_scores = q_pe.matmul(
+            &kpe_all
+                .t()?
+                .unsqueeze(0)?
+                .broadcast_as((nh, rope, past + t))?
+                .contiguous()?,
+        )?;
+        let o = match mode {
+            MlaMode::Compact => {
+                // q_lat = q_nope · W_k: [nh, T, kv_lora]
+                let q_lat = q_nope.matmul(&self.w_k)?;
+                let c_t = c_all
+                    .t()?
+                    .unsqueeze(0)?
+                    .broadcast_as((nh, self.kv_lora, past + t))?
+                    .contiguous()?;
+                let scores = ((q_lat.matmul(&c_t)? + pe_scores)? * scale)?.broadcast_add(&mask)?;
+                let p = candle_nn::ops::softmax_last_dim(&scores)?;
+                let ctx = p.matmul(
+                    &c_all
+                        .unsqueeze(0)?
+                        .broadcast_as((nh, past + t, self.kv_lora))?
+                        .contiguous()?,
+                )?;
+                ctx.matmul(&self.w_v.transpose(1, 2)?.contiguous()?)? // [nh, T, v]
+            }
+            MlaMode::Expanded => {
+                let kv = linear(&c_all, &self.kv_b)?
+                    .reshape((past + t, nh, nope + vd))?
+                    .transpose(0, 1)?; // [nh, P, 256]
+                let k_nope = kv.narrow(D::Minus1, 0, nope)?.contiguous()?;
+                let v = kv.narrow(D::Minus1, nope, vd)?.contiguous()?;
+                let scores =
+                    ((q_nope.matmul(&k_nope.t()?)? + pe_scores)? * scale)?.broadcast_add(&mask)?;
+                let p = candle_nn::ops::softmax_last_dim(&scores)?;
+                p.matmul(&v)?
+            }
+        };
+        let o = o.transpose(0, 1)?.reshape((t, nh * vd))?;
+        let o = o.mul(&sigmoid(&linear(x, &self.g_proj)?)?)?;
+        st.c = Some(c_all);
+        st.kpe = Some(kpe_all);
+        Ok(linear(&o, &self.o_proj)?)
+    }
+}

@@ -1,0 +1,17 @@
+//! Kimi K3 as Candle modules (spec §3).
+
+pub mod attn_res;
+pub mod k3;
+pub mod kda;
+pub mod kda_kernels;
+pub mod mla;
+pub mod moe;
+pub mod ops;
+pub mod state;
+pub mod weights;
+
+pub use k3::{K3Model, ModelOptions, RouteTrace};
+pub use kda::KdaMode;
+pub use mla::MlaMode;
+pub use moe::{route, Route};
+pub use state::SeqState;

@@ -1,0 +1,215 @@
+//! The latent MoE block (spec §3.6) with its exact router, and the dense SiTU MLP (§3.7).
+
+use std::collections::BTreeMap;
+
+use candle::Tensor;
+
+use super::ops::{linear, rms_norm, situ};
+use super::weights::LayerWeights;
+use crate::experts::ExpertProvider;
+use crate::mxfp4::{Kernel, Mxfp4Expert};
+use crate::Result;
+
+/// A dense SiTU MLP: `down · SiTU(gate·x, up·x)`.
+#[derive(Debug)]
+pub struct Mlp {
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+    beta: f64,
+    linear_beta: f64,
+}
+
+impl Mlp {
+    /// Loads `{prefix}.gate_proj/up_proj/down_proj` with intermediate width `inter`.
+    pub fn load(w: &LayerWeights, prefix: &str, inter: usize) -> Result<Self> {
+        let c = w.cfg.text();
+        let h = c.hidden_size;
+        Ok(Mlp {
+            gate: w.get(&format!("{prefix}.gate_proj.weight"), &[inter, h])?,
+            up: w.get(&format!("{prefix}.up_proj.weight"), &[inter, h])?,
+            down: w.get(&format!("{prefix}.down_proj.weight"), &[h, inter])?,
+            beta: c.activation_situ_beta,
+            linear_beta: c.activation_situ_linear_beta,
+        })
+    }
+
+    /// `[T, H]` → `[T, H]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = situ(
+            &linear(x, &self.gate)?,
+            &linear(x, &self.up)?,
+            self.beta,
+            self.linear_beta,
+        )?;
+        Ok(linear(&h, &self.down)?)
+    }
+}
+
+/// The routing decision for one position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Selected experts, highest `sigmoid + bias` first (ties: lower id first).
+    pub experts: Vec<usize>,
+    /// Their weights: raw sigmoid scores renormalised to sum 1.
+    pub weights: Vec<f32>,
+}
+
+/// The exact router: sigmoid scores, `+ e_score_correction_bias` for selection only, top-k,
+/// weights from the raw scores renormalised with `+1e-20`.
+pub fn route(logits: &[f32], bias: &[f32], k: usize, renormalize: bool) -> Route {
+    let s: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+    let choice: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+    let mut idx: Vec<usize> = (0..s.len()).collect();
+    idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    let mut w: Vec<f32> = idx.iter().map(|&i| s[i]).collect();
+    if renormalize {
+        let sum = w.iter().fold(0f32, |a, b| a + b) + 1e-20;
+        w.iter_mut().for_each(|x| *x /= sum);
+    }
+    Route {
+        experts: idx,
+        weights: w,
+    }
+}
+
+/// One latent MoE block.
+#[derive(Debug)]
+pub struct Moe {
+    layer: usize,
+    gate: Tensor,
+    bias: Vec<f32>,
+    down: Tensor,
+    norm: Option<Tensor>,
+    up: Tensor,
+    shared: Mlp,
+    top_k: usize,
+    renormalize: bool,
+    inter: usize,
+    latent: usize,
+    beta: f32,
+    linear_beta: f32,
+    eps: f64,
+}
+
+impl Moe {
+    /// Loads the resident MoE tensors (`block_sparse_moe.*`); experts come from the provider.
+    pub fn load(w: &LayerWeights) -> Result<Self> {
+        let c = w.cfg.text();
+        let (h, e, r) = (c.hidden_size, c.num_experts, c.routed_expert_hidden_size);
+        let bias = w
+            .get("block_sparse_moe.gate.e_score_correction_bias", &[e])?
+            .to_vec1::<f32>()?;
+        Ok(Moe {
+            layer: w.layer,
+            gate: w.get("block_sparse_moe.gate.weight", &[e, h])?,
+            bias,
+            down: w.get("block_sparse_moe.routed_expert_down_proj.weight", &[r, h])?,
+            norm: if c.latent_moe_use_norm {
+                Some(w.get("block_sparse_moe.routed_expert_norm.weight", &[r])?)
+            } else {
+                None
+            },
+            up: w.get("block_sparse_moe.routed_expert_up_proj.weight", &[h, r])?,
+            shared: Mlp::load(w, "block_sparse_moe.shared_experts", w.cfg.shared_width())?,
+            top_k: c.num_experts_per_token,
+            renormalize: c.moe_renormalize,
+            inter: c.moe_intermediate_size,
+            latent: r,
+            beta: c.activation_situ_beta as f32,
+            linear_beta: c.activation_situ_linear_beta as f32,
+            eps: c.rms_norm_eps,
+        })
+    }
+
+    /// Routes every row of `x` `[T, H]`.
+    pub fn routes(&self, x: &Tensor) -> Result<Vec<Route>> {
+        let logits = linear(x, &self.gate)?.to_vec2::<f32>()?;
+        Ok(logits
+            .iter()
+            .map(|l| route(l, &self.bias, self.top_k, self.renormalize))
+            .collect())
+    }
+
+    /// `[T, H]` → `[T, H]`; each selected expert is fetched and run once for all its rows.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        experts: &dyn ExpertProvider,
+        kernel: Kernel,
+        trace: Option<&mut Vec<Route>>,
+    ) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let routes = self.routes(x)?;
+        let z = linear(x, &self.down)?.flatten_all()?.to_vec1::<f32>()?;
+        let r = self.latent;
+        // Rows of each selected expert, in expert-id order.
+        let mut rows: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (ti, rt) in routes.iter().enumerate() {
+            for &e in &rt.experts {
+                rows.entry(e).or_default().push(ti);
+            }
+        }
+        let ids: Vec<usize> = rows.keys().copied().collect();
+        let bytes = experts.fetch(self.layer, &ids)?;
+        // y[(expert, row)] for every selected pair.
+        let mut ys: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
+        for (e, b) in ids.iter().zip(&bytes) {
+            let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
+            let rs = &rows[e];
+            let mut zin = Vec::with_capacity(rs.len() * r);
+            for &ti in rs {
+                zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
+            }
+            let y = ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, true)?;
+            for (k, &ti) in rs.iter().enumerate() {
+                ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
+            }
+        }
+        // Accumulate per row in its own top-k order, so T rows equal T single calls.
+        let mut acc = vec![0f32; t * r];
+        for (ti, rt) in routes.iter().enumerate() {
+            let a = &mut acc[ti * r..(ti + 1) * r];
+            for (e, w) in rt.experts.iter().zip(&rt.weights) {
+                if let Some(y) = ys.get(&(*e, ti)) {
+                    for (ai, yi) in a.iter_mut().zip(y) {
+                        *ai += w * yi;
+                    }
+                }
+            }
+        }
+        if let Some(tr) = trace {
+            tr.extend(routes);
+        }
+        let y = Tensor::from_vec(acc, (t, r), x.device())?;
+        let y = match &self.norm {
+            Some(n) => rms_norm(&y, n, self.eps)?,
+            None => y,
+        };
+        let routed = linear(&y, &self.up)?;
+        Ok((routed + self.shared.forward(x)?)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_uses_bias_for_selection_only() {
+        let logits = [0.0f32, 1.0, -1.0, 2.0];
+        let bias = [0.0f32, 0.0, 10.0, 0.0];
+        let r = route(&logits, &bias, 2, true);
+        assert_eq!(r.experts, vec![2, 3]);
+        let s = |l: f32| 1.0 / (1.0 + (-l).exp());
+        let sum = s(-1.0) + s(2.0) + 1e-20;
+        assert_eq!(r.weights, vec![s(-1.0) / sum, s(2.0) / sum]);
+    }
+
+    #[test]
+    fn router_ties_pick_lower_index() {
+        let r = route(&[0.5, 0.5, 0.5], &[0.0; 3], 2, false);
+        assert_eq!(r.experts, vec![0, 1]);
+    }
+}

@@ -1,0 +1,150 @@
+//! `SpineSource`: hands the model its dense ("spine") tensors, wherever they live.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use candle::{Device, Tensor};
+
+use crate::checkpoint::{Inventory, StDtype};
+use crate::{Error, Result};
+
+/// Where the model's dense tensors come from.
+pub trait SpineSource: Send + Sync {
+    /// The tensor `name` as f32 on the model's device, checked against `shape`.
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor>;
+    /// The device tensors are placed on.
+    fn device(&self) -> &Device;
+    /// Whether a tensor exists.
+    fn contains(&self, name: &str) -> bool;
+    /// Rows `ids` of the 2-D tensor `name` `[rows, cols]` as f32 `[ids.len(), cols]`.
+    fn rows(&self, name: &str, shape: [usize; 2], ids: &[u32]) -> Result<Tensor> {
+        let t = self.tensor(name, &shape)?;
+        let idx = Tensor::new(ids, self.device())?;
+        Ok(t.index_select(&idx, 0)?)
+    }
+}
+
+/// Reads spine tensors straight from the checkpoint shards (BF16/F16/F32 widened exactly).
+pub struct ShardSpine {
+    inv: Arc<Inventory>,
+    device: Device,
+    files: Mutex<HashMap<usize, Arc<File>>>,
+}
+
+impl ShardSpine {
+    /// A source over the shards listed in `inv`.
+    pub fn new(inv: Arc<Inventory>, device: Device) -> Self {
+        ShardSpine {
+            inv,
+            device,
+            files: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn file(&self, shard: usize) -> Result<Arc<File>> {
+        let mut files = self
+            .files
+            .lock()
+            .map_err(|_| Error::Msg("shard file table poisoned".into()))?;
+        if let Some(f) = files.get(&shard) {
+            return Ok(f.clone());
+        }
+        let path = self.inv.shard_path(shard);
+        let f = Arc::new(File::open(&path).map_err(|e| Error::io(&path, e))?);
+        files.insert(shard, f.clone());
+        Ok(f)
+    }
+
+    /// Raw bytes of a tensor.
+    pub fn bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+        let t = self.inv.get(name).ok_or_else(|| Error::Tensor {
+            name: name.into(),
+            msg: format!("missing from the checkpoint in {}", self.inv.dir.display()),
+        })?;
+        let mut buf = vec![0u8; t.len() as usize];
+        let f = self.file(t.shard)?;
+        f.read_exact_at(&mut buf, t.start)
+            .map_err(|e| Error::io(self.inv.shard_path(t.shard), e))?;
+        Ok((buf, t.dtype, t.shape.clone()))
+    }
+}
+
+/// Widens little-endian BF16/F16/F32 bytes to f32 exactly.
+pub fn to_f32(bytes: &[u8], dtype: StDtype, name: &str) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        StDtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+            .collect(),
+        StDtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        StDtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        other => {
+            return Err(Error::Tensor {
+                name: name.into(),
+                msg: format!("dtype {} is not a float type", other.as_str()),
+            })
+        }
+    })
+}
+
+impl SpineSource for ShardSpine {
+    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let (bytes, dtype, have) = self.bytes(name)?;
+        if have != shape {
+            return Err(Error::Tensor {
+                name: name.into(),
+                msg: format!("expected shape {shape:?} from the config, found {have:?}"),
+            });
+        }
+        let v = to_f32(&bytes, dtype, name)?;
+        Ok(Tensor::from_vec(v, shape, &self.device)?)
+    }
+
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.inv.get(name).is_some()
+    }
+
+    fn rows(&self, name: &str, shape: [usize; 2], ids: &[u32]) -> Result<Tensor> {
+        let t = self.inv.get(name).ok_or_else(|| Error::Tensor {
+            name: name.into(),
+            msg: format!("missing from the checkpoint in {}", self.inv.dir.display()),
+        })?;
+        if t.shape != shape {
+            return Err(Error::Tensor {
+                name: name.into(),
+                msg: format!(
+                    "expected shape {shape:?} from the config, found {:?}",
+                    t.shape
+                ),
+            });
+        }
+        let row_bytes = shape[1] as u64 * t.dtype.size();
+        let f = self.file(t.shard)?;
+        let mut out = Vec::with_capacity(ids.len() * shape[1]);
+        let mut buf = vec![0u8; row_bytes as usize];
+        for &id in ids {
+            if id as usize >= shape[0] {
+                return Err(Error::Tensor {
+                    name: name.into(),
+                    msg: format!("row {id} is outside 0..{}", shape[0]),
+                });
+            }
+            f.read_exact_at(&mut buf, t.start + id as u64 * row_bytes)
+                .map_err(|e| Error::io(self.inv.shard_path(t.shard), e))?;
+            out.extend(to_f32(&buf, t.dtype, name)?);
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), shape[1]), &self.device)?)
+    }
+}

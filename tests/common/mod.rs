@@ -1,0 +1,35 @@
+#![allow(dead_code)]
+
+pub mod reference;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
+
+/// The K3-nano fixture (seed 0), written once per test binary.
+pub fn nano() -> PathBuf {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::tempdir().unwrap();
+        write_nano(d.path(), &NanoOptions::default()).unwrap();
+        d
+    })
+    .path()
+    .to_path_buf()
+}
+
+/// max |a − b| / max(1, max |b|).
+pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    let scale = b.iter().fold(1f64, |m, x| m.max(x.abs()));
+    a.iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max((*x as f64 - y).abs()))
+        / scale
+}
+
+/// max |a − b| / max(1, max |b|) for two f32 vectors.
+pub fn rel_err32(a: &[f32], b: &[f32]) -> f64 {
+    let bb: Vec<f64> = b.iter().map(|&x| x as f64).collect();
+    rel_err(a, &bb)
+}
