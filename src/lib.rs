@@ -36,3 +36,16 @@ pub use experts::ExpertProvider;
 pub use generate::{GenerateOptions, Generation, Generator};
 pub use model::{K3Model, SeqState};
 pub use spine::SpineSource;
+
+/// Pins Candle's and rayon's thread count (`RAYON_NUM_THREADS`) to the available parallelism
+/// when it is unset. Call it first thing in `main`, before any thread starts: Candle 0.11 on Linux
+/// otherwise re-reads `/proc/cpuinfo` on every CPU matmul, which made K3-nano decode 5x slower.
+pub fn init_threads() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        // SAFETY-relevant note: called before other threads exist, as documented above.
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+}

@@ -193,3 +193,57 @@ pub fn k3_matrix(bytes: &[u8]) -> Result<Mxfp4Matrix<'_>> {
         LATENT,
     )
 }
+
+/// Options of `bench forward`.
+#[derive(Debug, Clone)]
+pub struct ForwardBenchOptions {
+    /// Prompt length.
+    pub prompt_len: usize,
+    /// Decode steps per run.
+    pub decode: usize,
+    /// Timed runs.
+    pub runs: usize,
+}
+
+/// Times prefill (ms per prompt token) and decode (ms per token) with each KDA form.
+pub fn forward_bench(
+    model: &mut crate::K3Model,
+    opts: &ForwardBenchOptions,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    use crate::model::KdaMode;
+    let vocab = model.config().text().vocab_size as u32;
+    let prompt: Vec<u32> = (0..opts.prompt_len as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
+    for (name, mode) in [
+        ("recurrent", KdaMode::Recurrent),
+        ("chunked16", KdaMode::Chunked(16)),
+        ("chunked64", KdaMode::Chunked(64)),
+    ] {
+        model.options.kda = mode;
+        let (mut pre, mut dec) = (Vec::new(), Vec::new());
+        for _ in 0..opts.runs.max(1) + 1 {
+            let mut st = model.new_state();
+            let t0 = Instant::now();
+            let mut logits = model.forward(&prompt, &mut st)?.to_vec1::<f32>()?;
+            pre.push(t0.elapsed().as_secs_f64() * 1e3 / prompt.len() as f64);
+            let t1 = Instant::now();
+            for _ in 0..opts.decode {
+                let next = crate::generate::argmax(&logits);
+                logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;
+            }
+            dec.push(t1.elapsed().as_secs_f64() * 1e3 / opts.decode.max(1) as f64);
+        }
+        // The first run warms caches (expert bytes, page cache); it is not counted.
+        let (p, d) = (Stats::of(pre[1..].to_vec()), Stats::of(dec[1..].to_vec()));
+        emit(
+            serde_json::json!({"figure": "prefill_ms_per_token", "kda": name, "prompt_len": prompt.len(),
+            "median": p.median, "min": p.min, "max": p.max}),
+        );
+        emit(
+            serde_json::json!({"figure": "decode_ms_per_token", "kda": name, "median": d.median, "min": d.min, "max": d.max}),
+        );
+    }
+    Ok(())
+}

@@ -3,6 +3,7 @@
 use clap::Parser;
 
 fn main() -> anyhow::Result<()> {
+    deltafin::init_threads();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

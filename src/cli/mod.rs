@@ -94,6 +94,21 @@ pub enum FixtureKind {
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchKind {
+    /// Prefill and decode speed of the whole model (each KDA form).
+    Forward {
+        /// Model directory.
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Prompt length.
+        #[arg(long, default_value_t = 64)]
+        prompt_len: usize,
+        /// Decode steps per run.
+        #[arg(long, default_value_t = 32)]
+        decode: usize,
+        /// Timed runs (after one warm-up run).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
     Mxfp4 {
         /// K3-size experts in the working set (17.55 MB each).
@@ -179,6 +194,20 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             json,
         } => run_ids(&model_root, &prompt_ids, max_new, json)?,
         Command::Bench { kind } => match kind {
+            BenchKind::Forward {
+                model_root,
+                prompt_len,
+                decode,
+                runs,
+            } => {
+                let mut model = crate::K3Model::from_dir(&model_root, &candle::Device::Cpu)?;
+                let opts = crate::bench::ForwardBenchOptions {
+                    prompt_len: prompt_len.max(1),
+                    decode,
+                    runs,
+                };
+                crate::bench::forward_bench(&mut model, &opts, |l| println!("{l}"))?;
+            }
             BenchKind::Mxfp4 {
                 experts,
                 runs,

@@ -18,6 +18,9 @@ use rayon::prelude::*;
 
 use crate::{Error, Result};
 
+/// Least work (weight bytes × input rows) worth splitting across threads.
+const PARALLEL_MIN_BYTES: usize = 256 << 10;
+
 /// Rows per parallel task: big enough to amortise scheduling, small enough to balance.
 const ROW_TILE: usize = 64;
 
@@ -58,6 +61,8 @@ pub fn gemm_with(
     if t == 0 || m.rows == 0 {
         return Ok(());
     }
+    // Below a few hundred KB of weights, waking the pool costs more than it saves.
+    let parallel = parallel && t * m.weight_bytes() >= PARALLEL_MIN_BYTES;
     let prepared: Vec<std::borrow::Cow<[f32]>> = xs
         .chunks(m.cols)
         .map(|x| kernels::prepare_x(kernel, x))
