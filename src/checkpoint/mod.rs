@@ -2,6 +2,7 @@
 //! fixture writers.
 
 pub mod experts;
+pub mod files;
 pub mod fixture;
 pub mod header;
 pub mod inventory;
@@ -9,5 +10,6 @@ pub mod rng;
 pub mod tiktoken_fixture;
 
 pub use experts::{ExpertIndex, ExpertLayout, ExpertSpan};
+pub use files::ShardFiles;
 pub use header::{ShardHeader, StDtype};
 pub use inventory::{Inventory, ShardInfo, TensorInfo};

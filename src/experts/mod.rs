@@ -2,12 +2,19 @@
 //! over as its raw canonical span (the six tensors in `ExpertLayout` order, no padding).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
-use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
 use crate::{Error, Result};
+
+pub mod disk;
+pub mod ram;
+pub mod tiered;
+
+pub use disk::{CacheAdvice, DiskCache};
+pub use ram::RamTier;
+pub use tiered::{ExpertStats, Tier, TieredExperts, TieredOptions};
 
 /// The bytes of one expert, shared without copying.
 pub type ExpertBytes = Arc<[u8]>;
@@ -20,6 +27,9 @@ pub trait ExpertProvider: Send + Sync {
 
     /// A hint that these experts of `layer` will probably be needed soon.
     fn prefetch(&self, _layer: usize, _experts: &[usize]) {}
+
+    /// Called once before each forward pass (one token, or one prefill chunk).
+    fn begin_token(&self) {}
 }
 
 /// The simplest provider: reads spans from the local shards via the inventory and keeps every
@@ -27,7 +37,7 @@ pub trait ExpertProvider: Send + Sync {
 pub struct ShardExperts {
     inv: Arc<Inventory>,
     index: Arc<ExpertIndex>,
-    files: Mutex<HashMap<usize, Arc<File>>>,
+    files: ShardFiles,
     cache: RwLock<HashMap<(usize, usize), ExpertBytes>>,
 }
 
@@ -35,25 +45,11 @@ impl ShardExperts {
     /// A provider over local shards.
     pub fn new(inv: Arc<Inventory>, index: Arc<ExpertIndex>) -> Self {
         ShardExperts {
+            files: ShardFiles::new(inv.clone()),
             inv,
             index,
-            files: Mutex::new(HashMap::new()),
             cache: RwLock::new(HashMap::new()),
         }
-    }
-
-    fn file(&self, shard: usize) -> Result<Arc<File>> {
-        let mut files = self
-            .files
-            .lock()
-            .map_err(|_| Error::Msg("expert file table poisoned".into()))?;
-        if let Some(f) = files.get(&shard) {
-            return Ok(f.clone());
-        }
-        let path = self.inv.shard_path(shard);
-        let f = Arc::new(File::open(&path).map_err(|e| Error::io(&path, e))?);
-        files.insert(shard, f.clone());
-        Ok(f)
     }
 
     /// Reads one expert's canonical span: one read when contiguous, one per part otherwise.
@@ -62,7 +58,7 @@ impl ShardExperts {
             .index
             .span(layer, expert)
             .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {expert}")))?;
-        let f = self.file(span.shard)?;
+        let f = self.files.get(span.shard)?;
         let path = || self.inv.shard_path(span.shard);
         let mut buf = vec![0u8; span.len() as usize];
         if span.is_contiguous() {

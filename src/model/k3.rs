@@ -226,6 +226,7 @@ impl K3Model {
     ) -> Result<Tensor> {
         let t = self.cfg.text();
         let eps = t.rms_norm_eps;
+        self.experts.begin_token();
         let mut h = self.spine.rows(
             &format!("{}model.embed_tokens.weight", self.prefix),
             [t.vocab_size, t.hidden_size],

@@ -1,13 +1,11 @@
 //! `SpineSource`: hands the model its dense ("spine") tensors, wherever they live.
 
-use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use candle::{Device, Tensor};
 
-use crate::checkpoint::{Inventory, StDtype};
+use crate::checkpoint::{Inventory, ShardFiles, StDtype};
 use crate::{Error, Result};
 
 /// Where the model's dense tensors come from.
@@ -30,31 +28,17 @@ pub trait SpineSource: Send + Sync {
 pub struct ShardSpine {
     inv: Arc<Inventory>,
     device: Device,
-    files: Mutex<HashMap<usize, Arc<File>>>,
+    files: ShardFiles,
 }
 
 impl ShardSpine {
     /// A source over the shards listed in `inv`.
     pub fn new(inv: Arc<Inventory>, device: Device) -> Self {
         ShardSpine {
+            files: ShardFiles::new(inv.clone()),
             inv,
             device,
-            files: Mutex::new(HashMap::new()),
         }
-    }
-
-    fn file(&self, shard: usize) -> Result<Arc<File>> {
-        let mut files = self
-            .files
-            .lock()
-            .map_err(|_| Error::Msg("shard file table poisoned".into()))?;
-        if let Some(f) = files.get(&shard) {
-            return Ok(f.clone());
-        }
-        let path = self.inv.shard_path(shard);
-        let f = Arc::new(File::open(&path).map_err(|e| Error::io(&path, e))?);
-        files.insert(shard, f.clone());
-        Ok(f)
     }
 
     /// Raw bytes of a tensor.
@@ -64,7 +48,7 @@ impl ShardSpine {
             msg: format!("missing from the checkpoint in {}", self.inv.dir.display()),
         })?;
         let mut buf = vec![0u8; t.len() as usize];
-        let f = self.file(t.shard)?;
+        let f = self.files.get(t.shard)?;
         f.read_exact_at(&mut buf, t.start)
             .map_err(|e| Error::io(self.inv.shard_path(t.shard), e))?;
         Ok((buf, t.dtype, t.shape.clone()))
@@ -131,7 +115,7 @@ impl SpineSource for ShardSpine {
             });
         }
         let row_bytes = shape[1] as u64 * t.dtype.size();
-        let f = self.file(t.shard)?;
+        let f = self.files.get(t.shard)?;
         let mut out = Vec::with_capacity(ids.len() * shape[1]);
         let mut buf = vec![0u8; row_bytes as usize];
         for &id in ids {

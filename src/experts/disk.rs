@@ -1,0 +1,108 @@
+//! The raw-span disk cache: one file per expert, `L{layer}-E{expert}.bin`, holding exactly the
+//! expert's canonical span (no container). A file is trusted only when its size matches the span;
+//! a wrong-sized file is deleted (with a warning) and reported as a miss. Files are published by
+//! writing a temporary name, fsyncing and renaming, so a crash never leaves a partial file under
+//! the name the cache looks at.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// Whether to keep expert reads out of the OS page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheAdvice {
+    /// Drop pages after each read on Linux (`posix_fadvise(DONTNEED)`); the default.
+    Auto,
+    /// Leave the page cache alone.
+    Off,
+}
+
+/// Drops a file range from the page cache after it was read (Linux), so expert streaming does
+/// not evict what the spine needs.
+pub fn drop_from_page_cache(f: &File, start: u64, len: u64, advice: CacheAdvice) {
+    if advice == CacheAdvice::Off {
+        return;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open file descriptor and an in-range advisory call.
+        unsafe {
+            libc::posix_fadvise(
+                f.as_raw_fd(),
+                start as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (f, start, len);
+}
+
+/// The on-disk expert cache directory.
+#[derive(Debug, Clone)]
+pub struct DiskCache {
+    dir: PathBuf,
+    advice: CacheAdvice,
+}
+
+impl DiskCache {
+    /// A cache rooted at `dir` (created if missing).
+    pub fn new(dir: &Path, advice: CacheAdvice) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        Ok(DiskCache {
+            dir: dir.to_path_buf(),
+            advice,
+        })
+    }
+
+    /// The file of one expert.
+    pub fn path(&self, layer: usize, expert: usize) -> PathBuf {
+        self.dir.join(format!("L{layer}-E{expert}.bin"))
+    }
+
+    /// Reads an expert of `len` bytes; `Ok(None)` when absent or invalid (invalid files are removed).
+    pub fn read(&self, layer: usize, expert: usize, len: usize) -> Result<Option<Vec<u8>>> {
+        let path = self.path(layer, expert);
+        let f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let size = f.metadata().map_err(|e| Error::io(&path, e))?.len();
+        if size != len as u64 {
+            tracing::warn!(path = %path.display(), size, expected = len, "expert cache file has the wrong size; deleting it");
+            let _ = std::fs::remove_file(&path);
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; len];
+        f.read_exact_at(&mut buf, 0)
+            .map_err(|e| Error::io(&path, e))?;
+        drop_from_page_cache(&f, 0, len as u64, self.advice);
+        Ok(Some(buf))
+    }
+
+    /// Publishes an expert's bytes atomically.
+    pub fn publish(&self, layer: usize, expert: usize, bytes: &[u8]) -> Result<()> {
+        let path = self.path(layer, expert);
+        let tmp = self.dir.join(format!(
+            ".L{layer}-E{expert}.bin.{}.tmp",
+            std::process::id()
+        ));
+        let res = (|| -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        })();
+        if let Err(e) = res {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(&path, e));
+        }
+        Ok(())
+    }
+}

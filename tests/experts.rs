@@ -1,0 +1,141 @@
+//! The tiered expert store gives the same tokens from every tier.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use candle::Device;
+use common::nano;
+use deltafin::checkpoint::{ExpertIndex, Inventory};
+use deltafin::experts::{CacheAdvice, DiskCache, ExpertProvider, TieredExperts, TieredOptions};
+use deltafin::spine::ShardSpine;
+use deltafin::{GenerateOptions, Generator, K3Config, K3Model};
+
+const PROMPT: [u32; 4] = [5, 77, 123, 9];
+
+struct Parts {
+    cfg: K3Config,
+    inv: Arc<Inventory>,
+    index: Arc<ExpertIndex>,
+}
+
+fn parts() -> Parts {
+    let dir = nano();
+    let cfg = K3Config::from_file(&dir.join("config.json")).unwrap();
+    let inv = Arc::new(Inventory::from_dir(&dir).unwrap());
+    let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg).unwrap());
+    Parts { cfg, inv, index }
+}
+
+fn tokens(p: &Parts, experts: Arc<dyn ExpertProvider>) -> Vec<u32> {
+    let spine = Arc::new(ShardSpine::new(p.inv.clone(), Device::Cpu));
+    let m = K3Model::load(p.cfg.clone(), p.inv.prefix.clone(), spine, experts).unwrap();
+    let opts = GenerateOptions {
+        max_new: 10,
+        stop_ids: vec![],
+    };
+    Generator::new(&m)
+        .generate(
+            &mut m.new_state(),
+            &PROMPT,
+            &opts,
+            &AtomicBool::new(false),
+            |_| {},
+        )
+        .unwrap()
+        .generated_ids
+}
+
+fn opts(ram: usize) -> TieredOptions {
+    TieredOptions {
+        ram_budget: ram,
+        readers: 4,
+        advice: CacheAdvice::Auto,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn same_tokens_from_every_tier() {
+    let p = parts();
+    let want = tokens(
+        &p,
+        Arc::new(deltafin::experts::ShardExperts::new(
+            p.inv.clone(),
+            p.index.clone(),
+        )),
+    );
+
+    // Shards only (RAM tier disabled).
+    let shards =
+        Arc::new(TieredExperts::new(p.index.clone(), Some(p.inv.clone()), None, &opts(0)).unwrap());
+    assert_eq!(tokens(&p, shards.clone()), want);
+    assert!(shards.stats().shard_experts > 0);
+    assert_eq!(shards.stats().ram_experts, 0);
+
+    // RAM tier: the second generation is served from RAM.
+    let ram = Arc::new(
+        TieredExperts::new(p.index.clone(), Some(p.inv.clone()), None, &opts(1 << 30)).unwrap(),
+    );
+    assert_eq!(tokens(&p, ram.clone()), want);
+    let reads = ram.stats().shard_experts;
+    assert_eq!(tokens(&p, ram.clone()), want);
+    assert_eq!(
+        ram.stats().shard_experts,
+        reads,
+        "second run read nothing from the shards"
+    );
+    assert!(ram.stats().ram_experts > 0);
+
+    // Disk cache: warm it from the shards, then serve with no shards at all ("after a restart").
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = DiskCache::new(cache_dir.path(), CacheAdvice::Auto).unwrap();
+    let warmer = TieredExperts::new(
+        p.index.clone(),
+        Some(p.inv.clone()),
+        Some(cache.clone()),
+        &opts(0),
+    )
+    .unwrap();
+    for l in p.cfg.moe_layers() {
+        let all: Vec<usize> = (0..p.cfg.text().num_experts).collect();
+        warmer.warm_disk_cache(l, &all).unwrap();
+    }
+    let disk =
+        Arc::new(TieredExperts::new(p.index.clone(), None, Some(cache.clone()), &opts(0)).unwrap());
+    assert_eq!(tokens(&p, disk.clone()), want);
+    assert!(disk.stats().disk_experts > 0);
+    assert_eq!(disk.stats().shard_experts, 0);
+
+    // A truncated cache file is deleted and refetched from the shards.
+    let l = p.cfg.moe_layers().next().unwrap();
+    for e in 0..p.cfg.text().num_experts {
+        let path = cache.path(l, e);
+        let b = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &b[..b.len() / 2]).unwrap();
+    }
+    let healed = Arc::new(
+        TieredExperts::new(
+            p.index.clone(),
+            Some(p.inv.clone()),
+            Some(cache.clone()),
+            &opts(0),
+        )
+        .unwrap(),
+    );
+    assert_eq!(tokens(&p, healed.clone()), want);
+    assert!(healed.stats().shard_experts > 0);
+    // With no shards, the missing expert is a clear error naming the layer.
+    let e = (0..p.cfg.text().num_experts)
+        .find(|&e| !cache.path(l, e).exists())
+        .unwrap();
+    let none = TieredExperts::new(p.index.clone(), None, Some(cache.clone()), &opts(0)).unwrap();
+    let err = none.fetch(l, &[e]).unwrap_err().to_string();
+    assert!(err.contains(&format!("layer {l}")), "{err}");
+    // No temporary files are left in the cache.
+    for f in std::fs::read_dir(cache_dir.path()).unwrap() {
+        let name = f.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(name.ends_with(".bin") && !name.starts_with('.'), "{name}");
+    }
+}
