@@ -25,6 +25,7 @@ pub mod config;
 pub mod error;
 pub mod experts;
 pub mod generate;
+pub mod hub;
 pub mod model;
 pub mod mxfp4;
 pub mod progress;

@@ -2,15 +2,12 @@
 
 mod common;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use candle::Device;
 use common::nano;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{CacheAdvice, DiskCache, ExpertProvider, TieredExperts, TieredOptions};
-use deltafin::spine::ShardSpine;
-use deltafin::{GenerateOptions, Generator, K3Config, K3Model};
+use deltafin::K3Config;
 
 const PROMPT: [u32; 4] = [5, 77, 123, 9];
 
@@ -29,22 +26,7 @@ fn parts() -> Parts {
 }
 
 fn tokens(p: &Parts, experts: Arc<dyn ExpertProvider>) -> Vec<u32> {
-    let spine = Arc::new(ShardSpine::new(p.inv.clone(), Device::Cpu));
-    let m = K3Model::load(p.cfg.clone(), p.inv.prefix.clone(), spine, experts).unwrap();
-    let opts = GenerateOptions {
-        max_new: 10,
-        stop_ids: vec![],
-    };
-    Generator::new(&m)
-        .generate(
-            &mut m.new_state(),
-            &PROMPT,
-            &opts,
-            &AtomicBool::new(false),
-            |_| {},
-        )
-        .unwrap()
-        .generated_ids
+    common::generate_with(&p.cfg, &p.inv, experts, &PROMPT, 10).unwrap()
 }
 
 fn opts(ram: usize) -> TieredOptions {

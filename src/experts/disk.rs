@@ -43,11 +43,27 @@ pub fn drop_from_page_cache(f: &File, start: u64, len: u64, advice: CacheAdvice)
     let _ = (f, start, len);
 }
 
+/// A fast 64-bit checksum of a byte string (not cryptographic): detects corrupted cache files.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0x9E37_79B9_7F4A_7C15 ^ bytes.len() as u64;
+    let mut it = bytes.chunks_exact(8);
+    for w in &mut it {
+        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ v).wrapping_mul(0x100_0000_01B3).rotate_left(29);
+    }
+    for &b in it.remainder() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01B3);
+    }
+    h ^ (h >> 31)
+}
+
 /// The on-disk expert cache directory.
 #[derive(Debug, Clone)]
 pub struct DiskCache {
     dir: PathBuf,
     advice: CacheAdvice,
+    /// Record a checksum at publish (`L{l}-E{e}.sum`) and verify it on every read.
+    pub verify: bool,
 }
 
 impl DiskCache {
@@ -57,12 +73,23 @@ impl DiskCache {
         Ok(DiskCache {
             dir: dir.to_path_buf(),
             advice,
+            verify: false,
         })
     }
 
     /// The file of one expert.
     pub fn path(&self, layer: usize, expert: usize) -> PathBuf {
         self.dir.join(format!("L{layer}-E{expert}.bin"))
+    }
+
+    /// The checksum sidecar of one expert.
+    pub fn sum_path(&self, layer: usize, expert: usize) -> PathBuf {
+        self.dir.join(format!("L{layer}-E{expert}.sum"))
+    }
+
+    fn invalidate(&self, layer: usize, expert: usize) {
+        let _ = std::fs::remove_file(self.path(layer, expert));
+        let _ = std::fs::remove_file(self.sum_path(layer, expert));
     }
 
     /// Reads an expert of `len` bytes; `Ok(None)` when absent or invalid (invalid files are removed).
@@ -76,32 +103,55 @@ impl DiskCache {
         let size = f.metadata().map_err(|e| Error::io(&path, e))?.len();
         if size != len as u64 {
             tracing::warn!(path = %path.display(), size, expected = len, "expert cache file has the wrong size; deleting it");
-            let _ = std::fs::remove_file(&path);
+            self.invalidate(layer, expert);
             return Ok(None);
         }
         let mut buf = vec![0u8; len];
         f.read_exact_at(&mut buf, 0)
             .map_err(|e| Error::io(&path, e))?;
         drop_from_page_cache(&f, 0, len as u64, self.advice);
+        if self.verify {
+            if let Ok(text) = std::fs::read_to_string(self.sum_path(layer, expert)) {
+                let want = u64::from_str_radix(text.trim(), 16).ok();
+                if want != Some(checksum(&buf)) {
+                    tracing::warn!(path = %path.display(), "expert cache file fails its checksum; deleting it");
+                    self.invalidate(layer, expert);
+                    return Ok(None);
+                }
+            }
+        }
         Ok(Some(buf))
     }
 
-    /// Publishes an expert's bytes atomically.
+    /// Publishes an expert's bytes atomically (checksum first, so a `.bin` is never visible
+    /// without its checksum when verification is on).
     pub fn publish(&self, layer: usize, expert: usize, bytes: &[u8]) -> Result<()> {
-        let path = self.path(layer, expert);
+        if self.verify {
+            let sum = format!("{:016x}\n", checksum(bytes));
+            self.write_atomic(&self.sum_path(layer, expert), sum.as_bytes())?;
+        }
+        self.write_atomic(&self.path(layer, expert), bytes)
+    }
+
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("expert");
         let tmp = self.dir.join(format!(
-            ".L{layer}-E{expert}.bin.{}.tmp",
-            std::process::id()
+            ".{name}.{}.{:?}.tmp",
+            std::process::id(),
+            std::thread::current().id()
         ));
         let res = (|| -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(bytes)?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, path)
         })();
         if let Err(e) = res {
             let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io(&path, e));
+            return Err(Error::io(path, e));
         }
         Ok(())
     }

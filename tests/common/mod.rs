@@ -33,3 +33,26 @@ pub fn rel_err32(a: &[f32], b: &[f32]) -> f64 {
     let bb: Vec<f64> = b.iter().map(|&x| x as f64).collect();
     rel_err(a, &bb)
 }
+
+/// Greedy tokens of the model over `inv`'s spine with `experts` as the expert provider.
+pub fn generate_with(
+    cfg: &deltafin::K3Config,
+    inv: &std::sync::Arc<deltafin::checkpoint::Inventory>,
+    experts: std::sync::Arc<dyn deltafin::ExpertProvider>,
+    prompt: &[u32],
+    max_new: usize,
+) -> deltafin::Result<Vec<u32>> {
+    let spine = std::sync::Arc::new(deltafin::spine::ShardSpine::new(
+        inv.clone(),
+        candle::Device::Cpu,
+    ));
+    let m = deltafin::K3Model::load(cfg.clone(), inv.prefix.clone(), spine, experts)?;
+    let opts = deltafin::GenerateOptions {
+        max_new,
+        stop_ids: vec![],
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    Ok(deltafin::Generator::new(&m)
+        .generate(&mut m.new_state(), prompt, &opts, &stop, |_| {})?
+        .generated_ids)
+}
