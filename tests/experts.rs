@@ -38,16 +38,16 @@ fn opts(ram: usize) -> TieredOptions {
     }
 }
 
+/// Tokens with the simplest provider (shards into an in-RAM map).
+fn reference_tokens(p: &Parts) -> Vec<u32> {
+    let simple = deltafin::experts::ShardExperts::new(p.inv.clone(), p.index.clone());
+    tokens(p, Arc::new(simple))
+}
+
 #[test]
 fn same_tokens_from_every_tier() {
     let p = parts();
-    let want = tokens(
-        &p,
-        Arc::new(deltafin::experts::ShardExperts::new(
-            p.inv.clone(),
-            p.index.clone(),
-        )),
-    );
+    let want = reference_tokens(&p);
 
     // Shards only (RAM tier disabled).
     let shards =
@@ -120,4 +120,56 @@ fn same_tokens_from_every_tier() {
         let name = f.unwrap().file_name().to_string_lossy().into_owned();
         assert!(name.ends_with(".bin") && !name.starts_with('.'), "{name}");
     }
+}
+
+#[test]
+fn prefetch_hits_and_same_tokens() {
+    let p = parts();
+    let want = reference_tokens(&p);
+    let mut o = opts(0);
+    o.prefetch_previous = true;
+    let pf = Arc::new(TieredExperts::new(p.index.clone(), Some(p.inv.clone()), None, &o).unwrap());
+    assert_eq!(tokens(&p, pf.clone()), want);
+    let s = pf.stats();
+    assert!(s.prefetch_issued > 0 && s.prefetch_hits > 0, "{s:?}");
+    assert!(s.prefetch_hits <= s.shard_experts);
+    o.prefetch_previous = false;
+    let off = Arc::new(TieredExperts::new(p.index.clone(), Some(p.inv.clone()), None, &o).unwrap());
+    assert_eq!(tokens(&p, off.clone()), want);
+    assert_eq!(off.stats().prefetch_issued, 0);
+}
+
+#[test]
+fn router_trace_has_one_line_per_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("router_trace.jsonl");
+    let mut m = deltafin::K3Model::from_dir(&nano(), &candle::Device::Cpu).unwrap();
+    m.router_trace = Some(deltafin::model::RouterTrace::create(&path).unwrap());
+    let mut st = m.new_state();
+    let mut trace = deltafin::model::RouteTrace::new();
+    m.forward_traced(&PROMPT, &mut st, Some(&mut trace))
+        .unwrap();
+    m.forward(&[1], &mut st).unwrap();
+    m.router_trace.as_ref().unwrap().flush().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), PROMPT.len() + 1);
+    let moe: Vec<usize> = p_moe_layers();
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["pos"], i);
+        assert_eq!(l["layers"].as_object().unwrap().len(), moe.len());
+    }
+    // The trace agrees with the routes the model reports.
+    let (layer, routes) = &trace[0];
+    assert_eq!(
+        lines[2]["layers"][layer.to_string()],
+        serde_json::json!(routes[2].experts)
+    );
+}
+
+fn p_moe_layers() -> Vec<usize> {
+    parts().cfg.moe_layers().collect()
 }

@@ -1,5 +1,7 @@
 //! The `deltafin` command line (clap), a thin layer over the library.
 
+pub mod run;
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -36,20 +38,7 @@ pub enum Command {
         json: bool,
     },
     /// Generate greedily from token ids and print the result.
-    Run {
-        /// Model directory: a plain checkpoint as the hub serves it, or an installed model root.
-        #[arg(long)]
-        model_root: PathBuf,
-        /// Prompt token ids, comma-separated.
-        #[arg(long, value_delimiter = ',', required = true)]
-        prompt_ids: Vec<u32>,
-        /// Most tokens to generate.
-        #[arg(long, default_value_t = 16)]
-        max_new: usize,
-        /// Print one JSON object on stdout.
-        #[arg(long)]
-        json: bool,
-    },
+    Run(run::RunArgs),
     /// Benchmarks.
     Bench {
         /// Which benchmark.
@@ -187,12 +176,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&summary)?);
             }
         }
-        Command::Run {
-            model_root,
-            prompt_ids,
-            max_new,
-            json,
-        } => run_ids(&model_root, &prompt_ids, max_new, json)?,
+        Command::Run(a) => run::run(&a)?,
         Command::Bench { kind } => match kind {
             BenchKind::Forward {
                 model_root,
@@ -230,70 +214,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 crate::bench::mxfp4_bench(&opts, |line| println!("{line}"))?;
             }
         },
-    }
-    Ok(())
-}
-
-fn run_ids(
-    root: &std::path::Path,
-    prompt: &[u32],
-    max_new: usize,
-    json: bool,
-) -> anyhow::Result<()> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    let model = crate::K3Model::from_dir(root, &candle::Device::Cpu)?;
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let c = cancel.clone();
-        // A second Ctrl-C while stopping falls through to the default handler's exit.
-        let _ = ctrlc::set_handler(move || {
-            if c.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-        });
-    }
-    let opts = crate::GenerateOptions {
-        max_new,
-        stop_ids: vec![model.config().eos_token_id],
-    };
-    let mut state = model.new_state();
-    let gen = crate::Generator::new(&model).generate(&mut state, prompt, &opts, &cancel, |id| {
-        if !json {
-            eprint!("{id} ");
-        }
-    })?;
-    let steps = gen.generated_ids.len().saturating_sub(1).max(1);
-    tracing::info!(
-        prefill_ms = gen.prefill_ms,
-        decode_ms_per_token = gen.decode_ms / steps as f64,
-        "generation finished"
-    );
-    if json {
-        let v = serde_json::json!({
-            "prompt_ids": gen.prompt_ids,
-            "generated_ids": gen.generated_ids,
-            "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
-            "stop": gen.stop,
-        });
-        println!("{v}");
-    } else {
-        eprintln!();
-        println!(
-            "{}",
-            gen.generated_ids
-                .iter()
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        eprintln!(
-            "stop: {:?}; prefill {:.1} ms ({} tokens), decode {:.2} ms/token",
-            gen.stop,
-            gen.prefill_ms,
-            prompt.len(),
-            gen.decode_ms / steps as f64
-        );
     }
     Ok(())
 }

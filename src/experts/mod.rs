@@ -10,6 +10,7 @@ use crate::{Error, Result};
 
 pub mod disk;
 pub mod ram;
+mod remote;
 pub mod tiered;
 
 pub use disk::{CacheAdvice, DiskCache};
@@ -17,7 +18,7 @@ pub use ram::RamTier;
 pub use tiered::{ExpertStats, Tier, TieredExperts, TieredOptions};
 
 /// The bytes of one expert, shared without copying.
-pub type ExpertBytes = Arc<[u8]>;
+pub type ExpertBytes = Arc<Vec<u8>>;
 
 /// Supplies routed-expert bytes to a MoE layer.
 pub trait ExpertProvider: Send + Sync {
@@ -30,6 +31,11 @@ pub trait ExpertProvider: Send + Sync {
 
     /// Called once before each forward pass (one token, or one prefill chunk).
     fn begin_token(&self) {}
+
+    /// Counters of where experts came from, when the provider keeps them.
+    fn stats(&self) -> Option<ExpertStats> {
+        None
+    }
 }
 
 /// The simplest provider: reads spans from the local shards via the inventory and keeps every
@@ -89,7 +95,7 @@ impl ExpertProvider for ShardExperts {
                 out.push(b.clone());
                 continue;
             }
-            let b: ExpertBytes = self.read_span(layer, e)?.into();
+            let b: ExpertBytes = Arc::new(self.read_span(layer, e)?);
             self.cache
                 .write()
                 .map_err(|_| Error::Msg("expert cache poisoned".into()))?

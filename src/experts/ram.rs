@@ -149,7 +149,7 @@ mod tests {
     use super::*;
 
     fn b(n: usize) -> ExpertBytes {
-        vec![0u8; n].into()
+        std::sync::Arc::new(vec![0u8; n])
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! `TieredExperts`: the streaming expert store. Each expert comes from the first tier that has
-//! it: the RAM tier, the raw-span disk cache, then the local shards; a layer's missing experts
-//! are read concurrently by a bounded reader pool.
+//! it: the RAM tier, a finished prefetch, the raw-span disk cache, the local shards, then the hub
+//! (range fetch, published into the disk cache). A layer's missing experts are read concurrently
+//! by a bounded reader pool; at the start of each token the previous token's experts of every
+//! layer are prefetched in the background.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -15,14 +17,6 @@ use super::{ExpertBytes, ExpertProvider};
 use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
 use crate::hub::HubRepo;
 use crate::{Error, Result};
-
-/// Experts fetched together: `(expert, bytes)`.
-type Fetched = Vec<(usize, Vec<u8>)>;
-/// One expert's bytes and where they came from.
-type Read = (Vec<u8>, Tier);
-
-/// Most experts joined into one range request.
-const MAX_COALESCE: usize = 4;
 
 /// Where an expert came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,11 +31,18 @@ pub enum Tier {
     Hub,
 }
 
-/// Counters per tier since the provider was built (or last reset).
-#[derive(Debug, Clone, Default, serde::Serialize)]
+/// One expert's bytes and where they came from.
+pub(crate) type Read = (Vec<u8>, Tier);
+
+/// Counters since the provider was built.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ExpertStats {
     /// Experts served from RAM.
     pub ram_experts: u64,
+    /// Experts served from a finished (or awaited) prefetch.
+    pub prefetch_hits: u64,
+    /// Experts prefetched in the background.
+    pub prefetch_issued: u64,
     /// Experts read from the disk cache.
     pub disk_experts: u64,
     /// Bytes read from the disk cache.
@@ -56,8 +57,46 @@ pub struct ExpertStats {
     pub hub_bytes: u64,
     /// HTTP range requests made.
     pub hub_requests: u64,
-    /// Seconds spent waiting for reads.
+    /// Seconds the model waited for expert bytes.
     pub read_wait_s: f64,
+}
+
+impl ExpertStats {
+    /// `self − earlier`, for per-token figures.
+    pub fn since(&self, e: &ExpertStats) -> ExpertStats {
+        ExpertStats {
+            ram_experts: self.ram_experts - e.ram_experts,
+            prefetch_hits: self.prefetch_hits - e.prefetch_hits,
+            prefetch_issued: self.prefetch_issued - e.prefetch_issued,
+            disk_experts: self.disk_experts - e.disk_experts,
+            disk_bytes: self.disk_bytes - e.disk_bytes,
+            shard_experts: self.shard_experts - e.shard_experts,
+            shard_bytes: self.shard_bytes - e.shard_bytes,
+            hub_experts: self.hub_experts - e.hub_experts,
+            hub_bytes: self.hub_bytes - e.hub_bytes,
+            hub_requests: self.hub_requests - e.hub_requests,
+            read_wait_s: self.read_wait_s - e.read_wait_s,
+        }
+    }
+
+    fn count(&mut self, tier: Tier, bytes: usize) {
+        let b = bytes as u64;
+        match tier {
+            Tier::Ram => self.ram_experts += 1,
+            Tier::Disk => {
+                self.disk_experts += 1;
+                self.disk_bytes += b;
+            }
+            Tier::Shard => {
+                self.shard_experts += 1;
+                self.shard_bytes += b;
+            }
+            Tier::Hub => {
+                self.hub_experts += 1;
+                self.hub_bytes += b;
+            }
+        }
+    }
 }
 
 /// Settings of the tiered store.
@@ -71,6 +110,8 @@ pub struct TieredOptions {
     pub readers: usize,
     /// Page-cache policy for expert reads.
     pub advice: CacheAdvice,
+    /// Prefetch the previous token's experts at the start of each token.
+    pub prefetch_previous: bool,
 }
 
 impl Default for TieredOptions {
@@ -80,75 +121,46 @@ impl Default for TieredOptions {
             decay: 0.95,
             readers: 8,
             advice: CacheAdvice::Auto,
+            prefetch_previous: true,
         }
     }
+}
+
+#[derive(Default)]
+struct Prefetches {
+    pending: HashSet<ExpertKey>,
+    ready: HashMap<ExpertKey, Read>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) index: Arc<ExpertIndex>,
+    inv: Option<Arc<Inventory>>,
+    files: Option<ShardFiles>,
+    pub(crate) disk: Option<DiskCache>,
+    pub(crate) hub: Option<(Arc<HubRepo>, Arc<Inventory>)>,
+    ram: Mutex<RamTier>,
+    pub(crate) pool: rayon::ThreadPool,
+    advice: CacheAdvice,
+    pub(crate) stats: Mutex<ExpertStats>,
+    pub(crate) inflight: Mutex<HashMap<ExpertKey, Arc<Mutex<()>>>>,
+    prefetch: Mutex<Prefetches>,
+    prefetch_done: Condvar,
+    prefetch_previous: bool,
+    last: Mutex<HashMap<usize, Vec<usize>>>,
 }
 
 /// The tiered expert store.
 pub struct TieredExperts {
-    index: Arc<ExpertIndex>,
-    inv: Option<Arc<Inventory>>,
-    disk: Option<DiskCache>,
-    ram: Mutex<RamTier>,
-    pool: rayon::ThreadPool,
-    advice: CacheAdvice,
-    stats: Mutex<ExpertStats>,
-    files: Option<ShardFiles>,
-    hub: Option<Arc<HubRepo>>,
-    remote_inv: Option<Arc<Inventory>>,
-    inflight: Mutex<HashMap<ExpertKey, Arc<Mutex<()>>>>,
+    inner: Arc<Inner>,
 }
 
-impl TieredExperts {
-    /// A store over an expert index, with optional shards (tier c) and disk cache (tier b).
-    pub fn new(
-        index: Arc<ExpertIndex>,
-        inv: Option<Arc<Inventory>>,
-        disk: Option<DiskCache>,
-        opts: &TieredOptions,
-    ) -> Result<Self> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(opts.readers.max(1))
-            .thread_name(|i| format!("expert-reader-{i}"))
-            .build()
-            .map_err(|e| Error::Msg(format!("expert reader pool: {e}")))?;
-        let files = inv.clone().map(ShardFiles::new);
-        Ok(TieredExperts {
-            index,
-            inv,
-            disk,
-            ram: Mutex::new(RamTier::new(opts.ram_budget, opts.decay)),
-            pool,
-            advice: opts.advice,
-            stats: Mutex::new(ExpertStats::default()),
-            files,
-            hub: None,
-            remote_inv: None,
-            inflight: Mutex::new(HashMap::new()),
-        })
-    }
+fn poisoned(what: &str) -> Error {
+    Error::Msg(format!("{what} lock poisoned"))
+}
 
-    /// Adds the hub tier: missing experts are range-fetched from the shard files of the hub
-    /// repository and published into the disk cache (which must be configured). `inv` describes
-    /// the remote shards.
-    pub fn with_hub(mut self, hub: Arc<HubRepo>, inv: Arc<Inventory>) -> Result<Self> {
-        if self.disk.is_none() {
-            return Err(Error::Msg(
-                "the hub tier needs a disk cache to publish into".into(),
-            ));
-        }
-        self.remote_inv = Some(inv);
-        self.hub = Some(hub);
-        Ok(self)
-    }
-
-    /// Counters so far.
-    pub fn stats(&self) -> ExpertStats {
-        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-
+impl Inner {
     /// Reads one expert from the disk cache or the shards; `None` when neither has it.
-    fn read_local(&self, layer: usize, expert: usize) -> Result<Option<(Vec<u8>, Tier)>> {
+    pub(crate) fn read_local(&self, layer: usize, expert: usize) -> Result<Option<Read>> {
         let span = self
             .index
             .span(layer, expert)
@@ -179,173 +191,114 @@ impl TieredExperts {
         Ok(Some((buf, Tier::Shard)))
     }
 
-    /// Reads one expert from any tier below RAM.
-    fn read_one(&self, layer: usize, expert: usize) -> Result<(Vec<u8>, Tier)> {
-        if let Some(r) = self.read_local(layer, expert)? {
-            return Ok(r);
-        }
-        if self.hub.is_some() {
-            let mut got = self.fetch_hub(layer, &[expert])?;
-            if let Some((_, b)) = got.pop() {
-                return Ok((b, Tier::Hub));
-            }
-        }
-        Err(Error::Msg(format!(
-            "expert {expert} of layer {layer} is in no tier (not in RAM, not in the disk cache, no local shards, no hub)"
-        )))
-    }
-
-    /// Range-fetches experts of one layer from the hub, coalescing experts that are adjacent in
-    /// the same shard into one request, and publishes each into the disk cache. Concurrent
-    /// requests for the same expert fetch it once.
-    fn fetch_hub(&self, layer: usize, experts: &[usize]) -> Result<Vec<(usize, Vec<u8>)>> {
-        let (hub, inv, disk) = match (&self.hub, &self.remote_inv, &self.disk) {
-            (Some(h), Some(i), Some(d)) => (h, i, d),
-            _ => return Err(Error::Msg("no hub tier configured".into())),
-        };
-        // Runs of experts whose whole spans are contiguous and adjacent in one shard.
-        let mut spans: Vec<(usize, usize, u64, u64)> = Vec::new(); // (expert, shard, start, len)
-        for &e in experts {
-            let s = self
-                .index
-                .span(layer, e)
-                .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {e}")))?;
-            if s.is_contiguous() {
-                spans.push((e, s.shard, s.start(), s.len()));
-            } else {
-                spans.push((e, s.shard, u64::MAX, s.len()));
-            }
-        }
-        spans.sort_by_key(|x| (x.1, x.2, x.0));
-        let mut groups: Vec<Vec<(usize, usize, u64, u64)>> = Vec::new();
-        for sp in spans {
-            let join = groups
-                .last()
-                .is_some_and(|g: &Vec<(usize, usize, u64, u64)>| {
-                    let l = g[g.len() - 1];
-                    sp.2 != u64::MAX
-                        && l.2 != u64::MAX
-                        && l.1 == sp.1
-                        && l.2 + l.3 == sp.2
-                        && g.len() < MAX_COALESCE
-                });
-            if join {
-                if let Some(g) = groups.last_mut() {
-                    g.push(sp);
-                }
-            } else {
-                groups.push(vec![sp]);
-            }
-        }
-        let results: Vec<Result<Fetched>> = self.pool.install(|| {
-            groups
+    /// Reads experts of one layer from the tiers below RAM, in request order.
+    fn read_below_ram(&self, layer: usize, experts: &[usize]) -> Result<Vec<Read>> {
+        let local: Vec<Result<Option<Read>>> = self.pool.install(|| {
+            experts
                 .par_iter()
-                .map(|g| {
-                    // Hold every expert's in-flight lock (in id order), then look again.
-                    let mut ids: Vec<usize> = g.iter().map(|x| x.0).collect();
-                    ids.sort_unstable();
-                    let locks: Vec<Arc<Mutex<()>>> = {
-                        let mut m = self
-                            .inflight
-                            .lock()
-                            .map_err(|_| Error::Msg("in-flight table poisoned".into()))?;
-                        ids.iter()
-                            .map(|&e| m.entry((layer, e)).or_default().clone())
-                            .collect()
-                    };
-                    let _guards: Vec<_> = locks.iter().map(|l| l.lock()).collect();
-                    let mut cached = Vec::new();
-                    for &(e, _, _, len) in g {
-                        match disk.read(layer, e, len as usize)? {
-                            Some(b) => cached.push((e, b)),
-                            None => break,
-                        }
-                    }
-                    if cached.len() == g.len() {
-                        return Ok(cached);
-                    }
-                    let mut out = Vec::new();
-                    let mut requests = 0u64;
-                    let file = &inv.shards[g[0].1].file;
-                    if g[0].2 == u64::MAX {
-                        // Scattered parts: one request per part.
-                        let e = g[0].0;
-                        let span = self
-                            .index
-                            .span(layer, e)
-                            .ok_or_else(|| Error::Msg("span vanished".into()))?;
-                        let mut b = Vec::with_capacity(span.len() as usize);
-                        for &(start, n) in &span.parts {
-                            b.extend(self.hub_range(hub, file, start..start + n, layer, e)?);
-                            requests += 1;
-                        }
-                        out.push((e, b));
-                    } else {
-                        let start = g[0].2;
-                        let end = g[g.len() - 1].2 + g[g.len() - 1].3;
-                        let all = self.hub_range(hub, file, start..end, layer, g[0].0)?;
-                        requests += 1;
-                        for &(e, _, s, n) in g {
-                            let o = (s - start) as usize;
-                            out.push((e, all[o..o + n as usize].to_vec()));
-                        }
-                    }
-                    for (e, b) in &out {
-                        disk.publish(layer, *e, b)?;
-                    }
-                    if let Ok(mut st) = self.stats.lock() {
-                        st.hub_requests += requests;
-                    }
-                    Ok(out)
-                })
+                .map(|&e| self.read_local(layer, e))
                 .collect()
         });
-        let mut out = Vec::new();
-        for r in results {
-            out.extend(r?);
+        let mut out: Vec<Option<Read>> = Vec::with_capacity(experts.len());
+        let mut remote = Vec::new();
+        for (k, r) in local.into_iter().enumerate() {
+            let r = r?;
+            if r.is_none() {
+                remote.push(experts[k]);
+            }
+            out.push(r);
         }
-        Ok(out)
-    }
-
-    fn hub_range(
-        &self,
-        hub: &HubRepo,
-        file: &str,
-        range: std::ops::Range<u64>,
-        layer: usize,
-        expert: usize,
-    ) -> Result<Vec<u8>> {
-        hub.fetch_range(file, range)
-            .map_err(|e| Error::Msg(format!("layer {layer}, expert {expert}: {e}")))
-    }
-
-    /// Copies experts from the shards into the disk cache (the cache warmer's core).
-    pub fn warm_disk_cache(&self, layer: usize, experts: &[usize]) -> Result<()> {
-        let d = self
-            .disk
-            .as_ref()
-            .ok_or_else(|| Error::Msg("no disk cache configured".into()))?;
-        self.pool.install(|| {
-            experts.par_iter().try_for_each(|&e| -> Result<()> {
-                let (b, tier) = self.read_one(layer, e)?;
-                if tier != Tier::Disk {
-                    d.publish(layer, e, &b)?;
+        if !remote.is_empty() {
+            if self.hub.is_none() {
+                return Err(Error::Msg(format!(
+                    "expert {} of layer {layer} is in no tier (not in RAM, not in the disk cache, no local shards, no hub)",
+                    remote[0]
+                )));
+            }
+            let got: HashMap<usize, Vec<u8>> =
+                self.fetch_hub(layer, &remote)?.into_iter().collect();
+            for (k, &e) in experts.iter().enumerate() {
+                if out[k].is_none() {
+                    let b = got.get(&e).cloned().ok_or_else(|| {
+                        Error::Msg(format!(
+                            "hub fetch of expert {e} of layer {layer} returned nothing"
+                        ))
+                    })?;
+                    out[k] = Some((b, Tier::Hub));
                 }
-                Ok(())
-            })
-        })
+            }
+        }
+        out.into_iter()
+            .map(|o| o.ok_or_else(|| Error::Msg("expert read left a gap".into())))
+            .collect()
     }
-}
 
-impl ExpertProvider for TieredExperts {
-    fn fetch(&self, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {
+    /// Waits for a pending prefetch of `k` and takes its result.
+    fn take_prefetched(&self, k: ExpertKey) -> Result<Option<Read>> {
+        let mut p = self.prefetch.lock().map_err(|_| poisoned("prefetch"))?;
+        while p.pending.contains(&k) {
+            p = self
+                .prefetch_done
+                .wait(p)
+                .map_err(|_| poisoned("prefetch"))?;
+        }
+        Ok(p.ready.remove(&k))
+    }
+
+    fn prefetch(self: &Arc<Self>, layer: usize, experts: &[usize]) {
+        let mut todo = Vec::new();
+        {
+            let (Ok(ram), Ok(mut p)) = (self.ram.lock(), self.prefetch.lock()) else {
+                return;
+            };
+            for &e in experts {
+                let k = (layer, e);
+                if !ram.contains(&k) && !p.pending.contains(&k) && !p.ready.contains_key(&k) {
+                    p.pending.insert(k);
+                    todo.push(e);
+                }
+            }
+        }
+        if todo.is_empty() {
+            return;
+        }
+        if let Ok(mut st) = self.stats.lock() {
+            st.prefetch_issued += todo.len() as u64;
+        }
+        let me = self.clone();
+        self.pool.spawn(move || {
+            let res = me.read_below_ram(layer, &todo);
+            if let Ok(mut p) = me.prefetch.lock() {
+                match res {
+                    Ok(reads) => {
+                        for (e, r) in todo.iter().zip(reads) {
+                            p.pending.remove(&(layer, *e));
+                            p.ready.insert((layer, *e), r);
+                        }
+                    }
+                    Err(err) => {
+                        // The foreground fetch will retry and report the error.
+                        tracing::debug!(layer, error = %err, "prefetch failed");
+                        for e in &todo {
+                            p.pending.remove(&(layer, *e));
+                        }
+                    }
+                }
+                // Unused prefetches of old tokens must not pile up.
+                if p.ready.len() > 4096 {
+                    p.ready.clear();
+                }
+            }
+            me.prefetch_done.notify_all();
+        });
+    }
+
+    fn fetch(self: &Arc<Self>, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {
+        let t0 = Instant::now();
         let mut out: Vec<Option<ExpertBytes>> = vec![None; experts.len()];
         let mut missing = Vec::new();
         {
-            let mut ram = self
-                .ram
-                .lock()
-                .map_err(|_| Error::Msg("RAM tier poisoned".into()))?;
+            let mut ram = self.ram.lock().map_err(|_| poisoned("RAM tier"))?;
             for (i, &e) in experts.iter().enumerate() {
                 ram.record((layer, e));
                 match ram.get(&(layer, e)) {
@@ -354,82 +307,141 @@ impl ExpertProvider for TieredExperts {
                 }
             }
         }
-        let t0 = Instant::now();
-        let local: Vec<Result<Option<Read>>> = self.pool.install(|| {
-            missing
-                .par_iter()
-                .map(|&i| self.read_local(layer, experts[i]))
-                .collect()
-        });
-        let mut read: Vec<Result<(Vec<u8>, Tier)>> = Vec::with_capacity(missing.len());
-        let mut remote = Vec::new();
-        for (k, r) in local.into_iter().enumerate() {
-            match r {
-                Ok(Some(x)) => read.push(Ok(x)),
-                Ok(None) => {
-                    remote.push(k);
-                    read.push(Err(Error::Msg(String::new())));
-                }
-                Err(e) => read.push(Err(e)),
+        let mut reads: Vec<(usize, Read, bool)> = Vec::new();
+        let mut cold = Vec::new();
+        for &i in &missing {
+            match self.take_prefetched((layer, experts[i]))? {
+                Some(r) => reads.push((i, r, true)),
+                None => cold.push(i),
             }
         }
-        if !remote.is_empty() {
-            let e = experts[missing[remote[0]]];
-            if self.hub.is_none() {
-                return Err(Error::Msg(format!(
-                    "expert {e} of layer {layer} is in no tier (not in RAM, not in the disk cache, no local shards, no hub)"
-                )));
-            }
-            let ids: Vec<usize> = remote.iter().map(|&k| experts[missing[k]]).collect();
-            let got: HashMap<usize, Vec<u8>> = self.fetch_hub(layer, &ids)?.into_iter().collect();
-            for &k in &remote {
-                let e = experts[missing[k]];
-                read[k] = got.get(&e).cloned().map(|b| (b, Tier::Hub)).ok_or_else(|| {
-                    Error::Msg(format!(
-                        "hub fetch of expert {e} of layer {layer} returned nothing"
-                    ))
-                });
-            }
+        let ids: Vec<usize> = cold.iter().map(|&i| experts[i]).collect();
+        for (&i, r) in cold.iter().zip(self.read_below_ram(layer, &ids)?) {
+            reads.push((i, r, false));
         }
-        let wait = t0.elapsed().as_secs_f64();
-        let mut st = self
-            .stats
-            .lock()
-            .map_err(|_| Error::Msg("stats poisoned".into()))?;
+        let mut st = self.stats.lock().map_err(|_| poisoned("stats"))?;
         st.ram_experts += (experts.len() - missing.len()) as u64;
-        st.read_wait_s += wait;
-        let mut ram = self
-            .ram
-            .lock()
-            .map_err(|_| Error::Msg("RAM tier poisoned".into()))?;
-        for (&i, r) in missing.iter().zip(read) {
-            let (bytes, tier) = r?;
-            match tier {
-                Tier::Disk => {
-                    st.disk_experts += 1;
-                    st.disk_bytes += bytes.len() as u64;
-                }
-                Tier::Hub => {
-                    st.hub_experts += 1;
-                    st.hub_bytes += bytes.len() as u64;
-                }
-                _ => {
-                    st.shard_experts += 1;
-                    st.shard_bytes += bytes.len() as u64;
-                }
+        let mut ram = self.ram.lock().map_err(|_| poisoned("RAM tier"))?;
+        for (i, (bytes, tier), prefetched) in reads {
+            if prefetched {
+                st.prefetch_hits += 1;
             }
-            let b: ExpertBytes = bytes.into();
+            st.count(tier, bytes.len());
+            let b: ExpertBytes = Arc::new(bytes);
             ram.insert((layer, experts[i]), b.clone());
             out[i] = Some(b);
         }
+        if let Ok(mut last) = self.last.lock() {
+            last.insert(layer, experts.to_vec());
+        }
+        st.read_wait_s += t0.elapsed().as_secs_f64();
         out.into_iter()
             .map(|o| o.ok_or_else(|| Error::Msg("expert fetch left a gap".into())))
             .collect()
     }
+}
+
+impl TieredExperts {
+    /// A store over an expert index, with optional shards (tier c) and disk cache (tier b).
+    pub fn new(
+        index: Arc<ExpertIndex>,
+        inv: Option<Arc<Inventory>>,
+        disk: Option<DiskCache>,
+        opts: &TieredOptions,
+    ) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.readers.max(1))
+            .thread_name(|i| format!("expert-reader-{i}"))
+            .build()
+            .map_err(|e| Error::Msg(format!("expert reader pool: {e}")))?;
+        Ok(TieredExperts {
+            inner: Arc::new(Inner {
+                index,
+                files: inv.clone().map(ShardFiles::new),
+                inv,
+                disk,
+                hub: None,
+                ram: Mutex::new(RamTier::new(opts.ram_budget, opts.decay)),
+                pool,
+                advice: opts.advice,
+                stats: Mutex::new(ExpertStats::default()),
+                inflight: Mutex::new(HashMap::new()),
+                prefetch: Mutex::new(Prefetches::default()),
+                prefetch_done: Condvar::new(),
+                prefetch_previous: opts.prefetch_previous,
+                last: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Adds the hub tier: missing experts are range-fetched from the shard files of the hub
+    /// repository (described by `inv`) and published into the disk cache, which must be set.
+    pub fn with_hub(mut self, hub: Arc<HubRepo>, inv: Arc<Inventory>) -> Result<Self> {
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            Error::Msg("with_hub must be called before the store is shared".into())
+        })?;
+        if inner.disk.is_none() {
+            return Err(Error::Msg(
+                "the hub tier needs a disk cache to publish into".into(),
+            ));
+        }
+        inner.hub = Some((hub, inv));
+        Ok(self)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ExpertStats {
+        self.inner
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Copies experts of `layer` into the disk cache from the shards or the hub.
+    pub fn warm_disk_cache(&self, layer: usize, experts: &[usize]) -> Result<()> {
+        let d = self
+            .inner
+            .disk
+            .as_ref()
+            .ok_or_else(|| Error::Msg("no disk cache configured".into()))?;
+        for (e, (b, tier)) in experts
+            .iter()
+            .zip(self.inner.read_below_ram(layer, experts)?)
+        {
+            if tier == Tier::Shard {
+                d.publish(layer, *e, &b)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExpertProvider for TieredExperts {
+    fn fetch(&self, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {
+        self.inner.fetch(layer, experts)
+    }
+
+    fn prefetch(&self, layer: usize, experts: &[usize]) {
+        self.inner.prefetch(layer, experts);
+    }
 
     fn begin_token(&self) {
-        if let Ok(mut ram) = self.ram.lock() {
+        if let Ok(mut ram) = self.inner.ram.lock() {
             ram.next_token();
         }
+        if self.inner.prefetch_previous {
+            let last: Vec<(usize, Vec<usize>)> = match self.inner.last.lock() {
+                Ok(l) => l.iter().map(|(k, v)| (*k, v.clone())).collect(),
+                Err(_) => return,
+            };
+            for (layer, ids) in last {
+                self.inner.prefetch(layer, &ids);
+            }
+        }
+    }
+
+    fn stats(&self) -> Option<ExpertStats> {
+        Some(TieredExperts::stats(self))
     }
 }

@@ -15,7 +15,7 @@ use super::state::{LayerState, SeqState};
 use super::weights::LayerWeights;
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, FfnKind, K3Config};
-use crate::experts::{ExpertProvider, ShardExperts};
+use crate::experts::{DiskCache, ExpertProvider, TieredExperts, TieredOptions};
 use crate::mxfp4::Kernel;
 use crate::spine::{ShardSpine, SpineSource};
 use crate::Result;
@@ -78,17 +78,29 @@ pub struct K3Model {
     lm_head: Tensor,
     /// Evaluation options.
     pub options: ModelOptions,
+    /// Router trace sink (off when `None`).
+    pub router_trace: Option<super::trace::RouterTrace>,
 }
 
 impl K3Model {
-    /// Loads a plain checkpoint directory (config.json + shards) onto `device`, with experts read
-    /// from the local shards.
+    /// Loads a plain checkpoint directory (config.json + shards) onto `device`, with experts
+    /// streamed by a `TieredExperts` store (default settings) over the local shards.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
+        Self::from_dir_with(dir, device, &TieredOptions::default(), None)
+    }
+
+    /// `from_dir` with chosen store settings and an optional raw-span disk cache directory.
+    pub fn from_dir_with(
+        dir: &Path,
+        device: &Device,
+        opts: &TieredOptions,
+        cache: Option<DiskCache>,
+    ) -> Result<Self> {
         let cfg = K3Config::from_file(&dir.join("config.json"))?;
         let inv = Arc::new(Inventory::from_dir(dir)?);
         let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
         let spine = Arc::new(ShardSpine::new(inv.clone(), device.clone()));
-        let experts = Arc::new(ShardExperts::new(inv.clone(), index));
+        let experts = Arc::new(TieredExperts::new(index, Some(inv.clone()), cache, opts)?);
         Self::load(cfg, inv.prefix.clone(), spine, experts)
     }
 
@@ -149,12 +161,18 @@ impl K3Model {
             final_norm,
             lm_head,
             options: ModelOptions::default(),
+            router_trace: None,
         })
     }
 
     /// The config.
     pub fn config(&self) -> &K3Config {
         &self.cfg
+    }
+
+    /// Where experts came from so far, when the provider counts it.
+    pub fn expert_stats(&self) -> Option<crate::experts::ExpertStats> {
+        self.experts.stats()
     }
 
     /// The device of the spine.
@@ -219,6 +237,30 @@ impl K3Model {
 
     /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`.
     fn forward_chunk(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        trace: Option<&mut RouteTrace>,
+    ) -> Result<Tensor> {
+        let first_pos = state.pos;
+        match (trace, &self.router_trace) {
+            (Some(t), Some(rt)) => {
+                let n = t.len();
+                let h = self.run_layers(ids, state, Some(&mut *t))?;
+                rt.write(first_pos, &t[n..])?;
+                Ok(h)
+            }
+            (None, Some(rt)) => {
+                let mut local = RouteTrace::new();
+                let h = self.run_layers(ids, state, Some(&mut local))?;
+                rt.write(first_pos, &local)?;
+                Ok(h)
+            }
+            (t, None) => self.run_layers(ids, state, t),
+        }
+    }
+
+    fn run_layers(
         &self,
         ids: &[u32],
         state: &mut SeqState,

@@ -8,6 +8,7 @@ pub mod mla;
 pub mod moe;
 pub mod ops;
 pub mod state;
+pub mod trace;
 pub mod weights;
 
 pub use k3::{K3Model, ModelOptions, RouteTrace};
@@ -15,3 +16,4 @@ pub use kda::KdaMode;
 pub use mla::MlaMode;
 pub use moe::{route, Route};
 pub use state::SeqState;
+pub use trace::RouterTrace;
