@@ -83,6 +83,21 @@ pub enum FixtureKind {
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchKind {
+    /// Cold expert reads through the tiered store vs raw O_DIRECT sequential reads (K3-slice).
+    Experts {
+        /// Model directory (the K3-slice fixture).
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Experts read per layer.
+        #[arg(long, default_value_t = 16)]
+        per_layer: usize,
+        /// Reader thread counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        readers: Vec<usize>,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Prefill and decode speed of the whole model (each KDA form).
     Forward {
         /// Model directory.
@@ -178,6 +193,19 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(a) => run::run(&a)?,
         Command::Bench { kind } => match kind {
+            BenchKind::Experts {
+                model_root,
+                per_layer,
+                readers,
+                runs,
+            } => {
+                let opts = crate::bench::experts::ExpertsBenchOptions {
+                    per_layer,
+                    readers,
+                    runs,
+                };
+                crate::bench::experts::experts_bench(&model_root, &opts, |l| println!("{l}"))?;
+            }
             BenchKind::Forward {
                 model_root,
                 prompt_len,

@@ -57,6 +57,14 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
+/// Drops a whole file from the page cache (benchmarks use it to measure cold reads).
+pub fn drop_from_page_cache_all(path: &Path) -> Result<()> {
+    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    drop_from_page_cache(&f, 0, len, CacheAdvice::Auto);
+    Ok(())
+}
+
 /// The on-disk expert cache directory.
 #[derive(Debug, Clone)]
 pub struct DiskCache {

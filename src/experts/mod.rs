@@ -13,7 +13,7 @@ pub mod ram;
 mod remote;
 pub mod tiered;
 
-pub use disk::{CacheAdvice, DiskCache};
+pub use disk::{drop_from_page_cache_all, CacheAdvice, DiskCache};
 pub use ram::RamTier;
 pub use tiered::{ExpertStats, Tier, TieredExperts, TieredOptions};
 

@@ -1,0 +1,169 @@
+//! `bench experts`: cold expert reads through the tiered store against the raw sequential read
+//! bandwidth of the same files (O_DIRECT), measured in the same run.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Stats;
+use crate::checkpoint::rng::Rng;
+use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::experts::{
+    drop_from_page_cache_all, CacheAdvice, ExpertProvider, TieredExperts, TieredOptions,
+};
+use crate::{Error, K3Config, Result};
+
+/// Options of `bench experts`.
+#[derive(Debug, Clone)]
+pub struct ExpertsBenchOptions {
+    /// Experts read per layer (K3 routes 16).
+    pub per_layer: usize,
+    /// Reader thread counts to measure.
+    pub readers: Vec<usize>,
+    /// Timed runs per figure.
+    pub runs: usize,
+}
+
+/// A page-aligned buffer for O_DIRECT reads.
+struct Aligned {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Result<Self> {
+        let layout =
+            Layout::from_size_align(len.max(4096), 4096).map_err(|e| Error::Msg(e.to_string()))?;
+        // SAFETY: non-zero size, valid alignment.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::Msg("out of memory for the O_DIRECT buffer".into()));
+        }
+        Ok(Aligned { ptr, layout })
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr points to layout.size() initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// Sequential O_DIRECT read of `[start, end)` of `path` in 16 MiB requests; returns GB/s.
+fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
+    const CHUNK: usize = 16 << 20;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let mut buf = Aligned::new(CHUNK)?;
+    let (a, b) = (start & !4095, end.div_ceil(4096) * 4096);
+    let t0 = Instant::now();
+    let mut off = a;
+    let mut total = 0u64;
+    while off < b {
+        let n = f
+            .read_at(buf.slice(), off)
+            .map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        off += n as u64;
+    }
+    Ok(total as f64 / 1e9 / t0.elapsed().as_secs_f64())
+}
+
+/// Runs the benchmark on a K3-format checkpoint (the K3-slice fixture).
+pub fn experts_bench(
+    dir: &Path,
+    opts: &ExpertsBenchOptions,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    let cfg = K3Config::from_file(&dir.join("config.json"))?;
+    let inv = Arc::new(Inventory::from_dir(dir)?);
+    let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
+    let layers: Vec<usize> = cfg.moe_layers().collect();
+    let per = opts.per_layer.min(cfg.text().num_experts).max(1);
+    let mut rng = Rng::new(7);
+    let picks: Vec<(usize, Vec<usize>)> = layers
+        .iter()
+        .map(|&l| {
+            let mut ids: Vec<usize> = (0..cfg.text().num_experts).collect();
+            for i in (1..ids.len()).rev() {
+                ids.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            ids.truncate(per);
+            (l, ids)
+        })
+        .collect();
+    let bytes: u64 = picks
+        .iter()
+        .flat_map(|(l, ids)| ids.iter().map(move |&e| (*l, e)))
+        .filter_map(|(l, e)| index.span(l, e).map(|s| s.len()))
+        .sum();
+    emit(
+        serde_json::json!({"bench": "experts", "layers": layers.len(), "experts_per_layer": per,
+        "bytes_per_run": bytes, "runs": opts.runs}),
+    );
+    let drop_all = || -> Result<()> {
+        for s in 0..inv.shards.len() {
+            drop_from_page_cache_all(&inv.shard_path(s))?;
+        }
+        Ok(())
+    };
+    // Raw: each layer's whole expert run, sequentially, O_DIRECT.
+    let mut raw = Vec::new();
+    for _ in 0..opts.runs.max(1) {
+        drop_all()?;
+        let (mut total, mut secs) = (0f64, 0f64);
+        for &l in &layers {
+            let spans = &index.spans[l];
+            let a = spans.iter().map(|s| s.start()).min().unwrap_or(0);
+            let b = spans.iter().map(|s| s.start() + s.len()).max().unwrap_or(0);
+            let shard = spans.first().map(|s| s.shard).unwrap_or(0);
+            let gbps = raw_read(&inv.shard_path(shard), a, b)?;
+            let gb = (b - a) as f64 / 1e9;
+            total += gb;
+            secs += gb / gbps;
+        }
+        raw.push(total / secs);
+    }
+    let raw = Stats::of(raw);
+    emit(
+        serde_json::json!({"figure": "raw_sequential_read_gbps", "median": raw.median, "min": raw.min, "max": raw.max}),
+    );
+    for &r in &opts.readers {
+        let mut v = Vec::new();
+        for _ in 0..opts.runs.max(1) {
+            drop_all()?;
+            let o = TieredOptions {
+                ram_budget: 0,
+                readers: r.max(1),
+                advice: CacheAdvice::Auto,
+                prefetch_previous: false,
+                ..Default::default()
+            };
+            let store = TieredExperts::new(index.clone(), Some(inv.clone()), None, &o)?;
+            let t0 = Instant::now();
+            for (l, ids) in &picks {
+                std::hint::black_box(store.fetch(*l, ids)?);
+            }
+            v.push(bytes as f64 / 1e9 / t0.elapsed().as_secs_f64());
+        }
+        let s = Stats::of(v);
+        emit(
+            serde_json::json!({"figure": "expert_read_gbps", "readers": r, "median": s.median, "min": s.min,
+            "max": s.max, "ratio_to_raw": s.median / raw.median}),
+        );
+    }
+    Ok(())
+}
