@@ -57,6 +57,21 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
+/// Marks a freshly opened file uncached where the OS does that per descriptor (macOS
+/// `F_NOCACHE`); Linux uses `drop_from_page_cache` after each read instead.
+pub fn no_cache_on_open(f: &File, advice: CacheAdvice) {
+    #[cfg(target_os = "macos")]
+    if advice == CacheAdvice::Auto {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open file descriptor; F_NOCACHE only changes caching behaviour.
+        unsafe {
+            libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1);
+        }
+    }
+    #[cfg(not(target_os = "macos"))]
+    let _ = (f, advice);
+}
+
 /// Drops a whole file from the page cache (benchmarks use it to measure cold reads).
 pub fn drop_from_page_cache_all(path: &Path) -> Result<()> {
     let f = File::open(path).map_err(|e| Error::io(path, e))?;
@@ -100,35 +115,42 @@ impl DiskCache {
         let _ = std::fs::remove_file(self.sum_path(layer, expert));
     }
 
-    /// Reads an expert of `len` bytes; `Ok(None)` when absent or invalid (invalid files are removed).
-    pub fn read(&self, layer: usize, expert: usize, len: usize) -> Result<Option<Vec<u8>>> {
+    /// Reads an expert into `buf` (whose length is the span's); `Ok(false)` when absent or
+    /// invalid (invalid files are removed with a warning).
+    pub fn read_into(&self, layer: usize, expert: usize, buf: &mut [u8]) -> Result<bool> {
         let path = self.path(layer, expert);
+        let len = buf.len();
         let f = match File::open(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(Error::io(&path, e)),
         };
+        no_cache_on_open(&f, self.advice);
         let size = f.metadata().map_err(|e| Error::io(&path, e))?.len();
         if size != len as u64 {
             tracing::warn!(path = %path.display(), size, expected = len, "expert cache file has the wrong size; deleting it");
             self.invalidate(layer, expert);
-            return Ok(None);
+            return Ok(false);
         }
-        let mut buf = vec![0u8; len];
-        f.read_exact_at(&mut buf, 0)
-            .map_err(|e| Error::io(&path, e))?;
+        f.read_exact_at(buf, 0).map_err(|e| Error::io(&path, e))?;
         drop_from_page_cache(&f, 0, len as u64, self.advice);
         if self.verify {
             if let Ok(text) = std::fs::read_to_string(self.sum_path(layer, expert)) {
                 let want = u64::from_str_radix(text.trim(), 16).ok();
-                if want != Some(checksum(&buf)) {
+                if want != Some(checksum(buf)) {
                     tracing::warn!(path = %path.display(), "expert cache file fails its checksum; deleting it");
                     self.invalidate(layer, expert);
-                    return Ok(None);
+                    return Ok(false);
                 }
             }
         }
-        Ok(Some(buf))
+        Ok(true)
+    }
+
+    /// Reads an expert of `len` bytes; `Ok(None)` when absent or invalid.
+    pub fn read(&self, layer: usize, expert: usize, len: usize) -> Result<Option<Vec<u8>>> {
+        let mut buf = vec![0u8; len];
+        Ok(self.read_into(layer, expert, &mut buf)?.then_some(buf))
     }
 
     /// Publishes an expert's bytes atomically (checksum first, so a `.bin` is never visible

@@ -8,17 +8,19 @@ use std::sync::{Arc, RwLock};
 use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
 use crate::{Error, Result};
 
+pub mod buf;
 pub mod disk;
 pub mod ram;
 mod remote;
 pub mod tiered;
 
+pub use buf::{BufPool, ExpertBuf};
 pub use disk::{drop_from_page_cache_all, CacheAdvice, DiskCache};
 pub use ram::RamTier;
 pub use tiered::{ExpertStats, Tier, TieredExperts, TieredOptions};
 
 /// The bytes of one expert, shared without copying.
-pub type ExpertBytes = Arc<Vec<u8>>;
+pub type ExpertBytes = Arc<ExpertBuf>;
 
 /// Supplies routed-expert bytes to a MoE layer.
 pub trait ExpertProvider: Send + Sync {
@@ -95,7 +97,7 @@ impl ExpertProvider for ShardExperts {
                 out.push(b.clone());
                 continue;
             }
-            let b: ExpertBytes = Arc::new(self.read_span(layer, e)?);
+            let b: ExpertBytes = Arc::new(ExpertBuf::owned(self.read_span(layer, e)?));
             self.cache
                 .write()
                 .map_err(|_| Error::Msg("expert cache poisoned".into()))?

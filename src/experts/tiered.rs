@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::disk::{drop_from_page_cache, CacheAdvice, DiskCache};
+use super::buf::{BufPool, ExpertBuf};
+use super::disk::{drop_from_page_cache, no_cache_on_open, CacheAdvice, DiskCache};
 use super::ram::{ExpertKey, RamTier};
 use super::{ExpertBytes, ExpertProvider};
 use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
@@ -32,7 +33,7 @@ pub enum Tier {
 }
 
 /// One expert's bytes and where they came from.
-pub(crate) type Read = (Vec<u8>, Tier);
+pub(crate) type Read = (ExpertBuf, Tier);
 
 /// Counters since the provider was built.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -112,6 +113,8 @@ pub struct TieredOptions {
     pub advice: CacheAdvice,
     /// Prefetch the previous token's experts at the start of each token.
     pub prefetch_previous: bool,
+    /// Idle expert buffers kept for reuse.
+    pub pool_buffers: usize,
 }
 
 impl Default for TieredOptions {
@@ -122,6 +125,7 @@ impl Default for TieredOptions {
             readers: 8,
             advice: CacheAdvice::Auto,
             prefetch_previous: true,
+            pool_buffers: 32,
         }
     }
 }
@@ -140,6 +144,7 @@ pub(crate) struct Inner {
     pub(crate) hub: Option<(Arc<HubRepo>, Arc<Inventory>)>,
     ram: Mutex<RamTier>,
     pub(crate) pool: rayon::ThreadPool,
+    bufs: Arc<BufPool>,
     advice: CacheAdvice,
     pub(crate) stats: Mutex<ExpertStats>,
     pub(crate) inflight: Mutex<HashMap<ExpertKey, Arc<Mutex<()>>>>,
@@ -166,16 +171,17 @@ impl Inner {
             .span(layer, expert)
             .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {expert}")))?;
         let len = span.len() as usize;
+        let mut buf = self.bufs.take(len)?;
         if let Some(d) = &self.disk {
-            if let Some(b) = d.read(layer, expert, len)? {
-                return Ok(Some((b, Tier::Disk)));
+            if d.read_into(layer, expert, &mut buf)? {
+                return Ok(Some((buf, Tier::Disk)));
             }
         }
         let Some((inv, files)) = self.inv.as_ref().zip(self.files.as_ref()) else {
             return Ok(None);
         };
         let f = files.get(span.shard)?;
-        let mut buf = vec![0u8; len];
+        no_cache_on_open(&f, self.advice);
         let mut o = 0usize;
         let parts: Vec<(u64, u64)> = if span.is_contiguous() {
             vec![(span.start(), span.len())]
@@ -224,7 +230,7 @@ impl Inner {
                             "hub fetch of expert {e} of layer {layer} returned nothing"
                         ))
                     })?;
-                    out[k] = Some((b, Tier::Hub));
+                    out[k] = Some((ExpertBuf::owned(b), Tier::Hub));
                 }
             }
         }
@@ -363,6 +369,7 @@ impl TieredExperts {
                 hub: None,
                 ram: Mutex::new(RamTier::new(opts.ram_budget, opts.decay)),
                 pool,
+                bufs: BufPool::new(opts.pool_buffers),
                 advice: opts.advice,
                 stats: Mutex::new(ExpertStats::default()),
                 inflight: Mutex::new(HashMap::new()),

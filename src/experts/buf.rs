@@ -1,0 +1,203 @@
+//! Expert buffers: page-aligned allocations recycled through a pool, so the hot read path
+//! neither maps fresh memory (page faults) nor frees it per token. `O_DIRECT`-ready.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::{Error, Result};
+
+/// Alignment of pooled buffers (a page, and what `O_DIRECT` needs).
+pub const ALIGN: usize = 4096;
+
+/// A zero-initialised, page-aligned byte buffer.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively; access follows Rust borrowing rules.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access is read-only through `Deref`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `cap` bytes (rounded up to the alignment), all touched (zeroed).
+    pub fn new(cap: usize) -> Result<Self> {
+        let cap = cap.max(1).div_ceil(ALIGN) * ALIGN;
+        let layout = Layout::from_size_align(cap, ALIGN).map_err(|e| Error::Msg(e.to_string()))?;
+        // SAFETY: non-zero size and a valid power-of-two alignment.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| Error::Msg(format!("out of memory allocating {cap} bytes")))?;
+        Ok(AlignedBuf { ptr, len: cap, cap })
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Sets the visible length (at most the capacity).
+    pub fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.cap);
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` owns `cap >= len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout.
+        unsafe {
+            dealloc(
+                self.ptr.as_ptr(),
+                Layout::from_size_align_unchecked(self.cap, ALIGN),
+            )
+        }
+    }
+}
+
+/// A pool of recycled aligned buffers.
+pub struct BufPool {
+    free: Mutex<Vec<AlignedBuf>>,
+    max_free: usize,
+}
+
+impl BufPool {
+    /// A pool keeping at most `max_free` idle buffers.
+    pub fn new(max_free: usize) -> Arc<Self> {
+        Arc::new(BufPool {
+            free: Mutex::new(Vec::new()),
+            max_free,
+        })
+    }
+
+    /// A buffer of exactly `len` visible bytes (contents unspecified), recycled when possible.
+    pub fn take(self: &Arc<Self>, len: usize) -> Result<ExpertBuf> {
+        let reused = self.free.lock().ok().and_then(|mut f| {
+            let i = f.iter().position(|b| b.capacity() >= len)?;
+            Some(f.swap_remove(i))
+        });
+        let mut b = match reused {
+            Some(b) => b,
+            None => AlignedBuf::new(len)?,
+        };
+        b.set_len(len);
+        Ok(ExpertBuf(Inner::Pooled(Some(b), Arc::downgrade(self))))
+    }
+
+    /// Idle buffers held.
+    pub fn idle(&self) -> usize {
+        self.free.lock().map(|f| f.len()).unwrap_or(0)
+    }
+
+    fn give_back(&self, b: AlignedBuf) {
+        if let Ok(mut f) = self.free.lock() {
+            if f.len() < self.max_free {
+                f.push(b);
+            }
+        }
+    }
+}
+
+enum Inner {
+    Owned(Vec<u8>),
+    Pooled(Option<AlignedBuf>, Weak<BufPool>),
+}
+
+/// The bytes of one expert: owned, or a pooled aligned buffer that returns to its pool when
+/// dropped.
+pub struct ExpertBuf(Inner);
+
+impl ExpertBuf {
+    /// Wraps owned bytes.
+    pub fn owned(v: Vec<u8>) -> Self {
+        ExpertBuf(Inner::Owned(v))
+    }
+}
+
+impl From<Vec<u8>> for ExpertBuf {
+    fn from(v: Vec<u8>) -> Self {
+        ExpertBuf::owned(v)
+    }
+}
+
+impl Deref for ExpertBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Inner::Owned(v) => v,
+            Inner::Pooled(Some(b), _) => b,
+            Inner::Pooled(None, _) => &[],
+        }
+    }
+}
+
+impl DerefMut for ExpertBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            Inner::Owned(v) => v,
+            Inner::Pooled(Some(b), _) => b,
+            Inner::Pooled(None, _) => &mut [],
+        }
+    }
+}
+
+impl std::fmt::Debug for ExpertBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExpertBuf({} bytes)", self.len())
+    }
+}
+
+impl Drop for ExpertBuf {
+    fn drop(&mut self) {
+        if let Inner::Pooled(b, pool) = &mut self.0 {
+            if let (Some(b), Some(p)) = (b.take(), pool.upgrade()) {
+                p.give_back(b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_recycled() {
+        let pool = BufPool::new(2);
+        let a = pool.take(10_000).unwrap();
+        assert_eq!(a.len(), 10_000);
+        assert_eq!(a.as_ptr() as usize % ALIGN, 0);
+        let p = a.as_ptr();
+        drop(a);
+        assert_eq!(pool.idle(), 1);
+        let b = pool.take(5_000).unwrap();
+        assert_eq!(b.as_ptr(), p, "the idle buffer is reused");
+        assert_eq!(b.len(), 5_000);
+        let c = pool.take(20_000).unwrap();
+        drop((b, c));
+        assert_eq!(pool.idle(), 2);
+        let d = pool.take(1).unwrap();
+        let e = pool.take(1).unwrap();
+        let f = pool.take(1).unwrap();
+        drop((d, e, f));
+        assert_eq!(pool.idle(), 2, "at most max_free idle buffers");
+    }
+}
