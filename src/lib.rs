@@ -36,7 +36,7 @@ pub use error::{Error, Result};
 pub use experts::ExpertProvider;
 pub use generate::{GenerateOptions, Generation, Generator};
 pub use model::{K3Model, SeqState};
-pub use spine::SpineSource;
+pub use spine::source::Spine;
 
 /// Pins Candle's and rayon's thread count (`RAYON_NUM_THREADS`) to the available parallelism
 /// when it is unset. Call it first thing in `main`, before any thread starts: Candle 0.11 on Linux

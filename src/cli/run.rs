@@ -8,6 +8,8 @@ use clap::Args;
 
 use crate::experts::{CacheAdvice, DiskCache, ExpertStats, TieredOptions};
 use crate::model::RouterTrace;
+use crate::spine::budget::{reserve, resident_budget, Memory};
+use crate::spine::source::{SpineChoice, SpineOptions};
 use crate::{GenerateOptions, Generator, K3Model};
 
 /// Expert-store settings shared by the commands that run the model.
@@ -31,6 +33,12 @@ pub struct StoreArgs {
     /// Page-cache policy for expert reads: auto (drop after reading) or off.
     #[arg(long, default_value = "auto")]
     pub page_cache: String,
+    /// Spine format: auto (row-int8 if converted, else BF16), int8, or bf16 (original weights).
+    #[arg(long, default_value = "auto")]
+    pub spine: String,
+    /// GB of spine layers to keep resident (default: what the RAM budget allows).
+    #[arg(long)]
+    pub spine_resident_gb: Option<f64>,
 }
 
 impl StoreArgs {
@@ -61,6 +69,57 @@ impl StoreArgs {
         };
         Ok((opts, cache))
     }
+
+    /// The spine settings: format choice and how many bytes of layers to pin.
+    pub fn spine_options(&self, expert_ram: usize) -> anyhow::Result<SpineOptions> {
+        let choice = match self.spine.as_str() {
+            "auto" => SpineChoice::Auto,
+            "int8" => SpineChoice::Int8,
+            "bf16" => SpineChoice::Bf16,
+            other => anyhow::bail!("--spine {other}: use auto, int8 or bf16"),
+        };
+        let resident_bytes = match self.spine_resident_gb {
+            Some(gb) if gb >= 0.0 && gb.is_finite() => (gb * 1e9) as u64,
+            Some(_) => anyhow::bail!("--spine-resident-gb must be a non-negative number"),
+            None => {
+                let mem = Memory::read();
+                // Fixed costs: the expert RAM tier plus a margin for state and activations.
+                let fixed = expert_ram as u64 + 1_000_000_000;
+                let b = resident_budget(&mem, fixed);
+                tracing::info!(
+                    total = mem.effective_total(),
+                    reserve = reserve(&mem),
+                    fixed,
+                    budget = b,
+                    "spine RAM budget"
+                );
+                b
+            }
+        };
+        Ok(SpineOptions {
+            choice,
+            resident_bytes: Some(resident_bytes),
+            ..Default::default()
+        })
+    }
+}
+
+/// Loads the model with the store settings and prints the startup report on stderr.
+pub fn load_model(root: &std::path::Path, store: &StoreArgs) -> anyhow::Result<K3Model> {
+    let (opts, cache) = store.build()?;
+    let spine = store.spine_options(opts.ram_budget)?;
+    let model = K3Model::from_dir_with(root, &candle::Device::Cpu, &opts, cache, &spine)?;
+    let r = model.spine().report();
+    eprintln!(
+        "spine: {} from {}; {} layers pinned ({:.2} GB), {} streamed; spine bytes read per token: {:.2} GB",
+        r.format.dir_name(),
+        if r.from_store { "the converted store" } else { "the checkpoint shards" },
+        r.layers_pinned,
+        r.resident_bytes as f64 / 1e9,
+        r.layers_streamed,
+        r.bytes_read_per_token as f64 / 1e9
+    );
+    Ok(model)
 }
 
 /// Arguments of `run`.
@@ -109,8 +168,7 @@ fn stats_line(i: usize, s: &ExpertStats) -> String {
 
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
-    let (opts, cache) = a.store.build()?;
-    let mut model = K3Model::from_dir_with(&a.model_root, &candle::Device::Cpu, &opts, cache)?;
+    let mut model = load_model(&a.model_root, &a.store)?;
     model.router_trace = match &a.router_trace {
         Some(p) => Some(RouterTrace::create(p)?),
         None => RouterTrace::from_env(&std::env::current_dir()?)?,

@@ -1,5 +1,6 @@
-//! The whole K3 language model (spec §3.3, §3.8): embedding, 93 (or any number of) decoder
-//! layers with Block Attention Residuals, and the tail.
+//! The whole K3 language model (spec §3.3, §3.8): embedding, the decoder layers with Block
+//! Attention Residuals, and the tail. Small tensors are loaded once; each layer's matrices come
+//! from the `Spine` at every pass (pinned or streamed through the template buffers).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,14 +11,14 @@ use super::attn_res::AttnRes;
 use super::kda::{Kda, KdaMode};
 use super::mla::{Mla, MlaMode};
 use super::moe::{Mlp, Moe, Route};
-use super::ops::{linear, rms_norm};
+use super::ops::rms_norm;
 use super::state::{LayerState, SeqState};
-use super::weights::LayerWeights;
+use super::weights::{dense, LayerWeights};
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, FfnKind, K3Config};
 use crate::experts::{DiskCache, ExpertProvider, TieredExperts, TieredOptions};
 use crate::mxfp4::Kernel;
-use crate::spine::{ShardSpine, SpineSource};
+use crate::spine::source::{Spine, SpineOptions};
 use crate::Result;
 
 /// Evaluation choices; every one has a reference the tests compare against.
@@ -69,13 +70,11 @@ pub type RouteTrace = Vec<(usize, Vec<Route>)>;
 /// Kimi K3.
 pub struct K3Model {
     cfg: K3Config,
-    prefix: String,
-    spine: Arc<dyn SpineSource>,
+    spine: Arc<Spine>,
     experts: Arc<dyn ExpertProvider>,
     layers: Vec<Layer>,
     out_res: AttnRes,
     final_norm: Tensor,
-    lm_head: Tensor,
     /// Evaluation options.
     pub options: ModelOptions,
     /// Router trace sink (off when `None`).
@@ -83,43 +82,58 @@ pub struct K3Model {
 }
 
 impl K3Model {
-    /// Loads a plain checkpoint directory (config.json + shards) onto `device`, with experts
-    /// streamed by a `TieredExperts` store (default settings) over the local shards.
+    /// Loads a plain checkpoint directory (config.json + shards) onto `device`: the spine from
+    /// its converted store when present (else the shards), experts streamed by a `TieredExperts`
+    /// store with default settings over the local shards.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        Self::from_dir_with(dir, device, &TieredOptions::default(), None)
+        Self::from_dir_with(
+            dir,
+            device,
+            &TieredOptions::default(),
+            None,
+            &SpineOptions::default(),
+        )
     }
 
-    /// `from_dir` with chosen store settings and an optional raw-span disk cache directory.
+    /// `from_dir` with chosen expert-store and spine settings.
     pub fn from_dir_with(
         dir: &Path,
         device: &Device,
         opts: &TieredOptions,
         cache: Option<DiskCache>,
+        spine: &SpineOptions,
     ) -> Result<Self> {
         let cfg = K3Config::from_file(&dir.join("config.json"))?;
         let inv = Arc::new(Inventory::from_dir(dir)?);
         let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
-        let spine = Arc::new(ShardSpine::new(inv.clone(), device.clone()));
+        let spine = Arc::new(Spine::open(
+            dir,
+            inv.clone(),
+            cfg.num_layers(),
+            device,
+            spine,
+        )?);
         let experts = Arc::new(TieredExperts::new(index, Some(inv.clone()), cache, opts)?);
-        Self::load(cfg, inv.prefix.clone(), spine, experts)
+        Self::load(cfg, spine, experts)
     }
 
-    /// Builds the model from a config, a spine source and an expert provider.
+    /// Builds the model from a config, a spine and an expert provider.
     pub fn load(
         cfg: K3Config,
-        prefix: String,
-        spine: Arc<dyn SpineSource>,
+        spine: Arc<Spine>,
         experts: Arc<dyn ExpertProvider>,
     ) -> Result<Self> {
         let t = cfg.text();
         let h = t.hidden_size;
         let eps = t.rms_norm_eps;
+        let device = spine.device().clone();
         let mut layers = Vec::with_capacity(cfg.num_layers());
         for (l, kind) in cfg.schedule.iter().enumerate() {
+            let small = spine.small(l)?;
             let w = LayerWeights {
                 cfg: &cfg,
-                spine: spine.as_ref(),
-                prefix: &prefix,
+                small: &small,
+                device: &device,
                 layer: l,
             };
             let res = |n: &str, p: &str| -> Result<AttnRes> {
@@ -138,28 +152,26 @@ impl K3Model {
                     AttnKind::Mla => Attn::Mla(Mla::load(&w)?),
                 },
                 ffn: match kind.ffn {
-                    FfnKind::Dense => Ffn::Dense(Mlp::load(&w, "mlp", t.intermediate_size)?),
+                    FfnKind::Dense => Ffn::Dense(Mlp::new(&cfg, "mlp", t.intermediate_size)),
                     FfnKind::Moe => Ffn::Moe(Moe::load(&w)?),
                 },
             });
         }
-        let g = |s: &str| format!("{prefix}model.{s}");
+        let g = spine.global();
         let out_res = AttnRes::new(
-            &spine.tensor(&g("output_attn_res_norm.weight"), &[h])?,
-            &spine.tensor(&g("output_attn_res_proj.weight"), &[1, h])?,
+            &g.tensor("model.output_attn_res_norm.weight", &[h], &device)?,
+            &g.tensor("model.output_attn_res_proj.weight", &[1, h], &device)?,
             eps,
         )?;
-        let final_norm = spine.tensor(&g("norm.weight"), &[h])?;
-        let lm_head = spine.tensor(&format!("{prefix}lm_head.weight"), &[t.vocab_size, h])?;
+        let final_norm = g.tensor("model.norm.weight", &[h], &device)?;
+        g.matrix("lm_head.weight", t.vocab_size, h)?;
         Ok(K3Model {
             cfg,
-            prefix,
             spine,
             experts,
             layers,
             out_res,
             final_norm,
-            lm_head,
             options: ModelOptions::default(),
             router_trace: None,
         })
@@ -168,6 +180,11 @@ impl K3Model {
     /// The config.
     pub fn config(&self) -> &K3Config {
         &self.cfg
+    }
+
+    /// The spine.
+    pub fn spine(&self) -> &Spine {
+        &self.spine
     }
 
     /// Where experts came from so far, when the provider counts it.
@@ -211,7 +228,8 @@ impl K3Model {
         if ids.is_empty() {
             return Err(crate::Error::Msg("forward needs at least one token".into()));
         }
-        let vocab = self.cfg.text().vocab_size;
+        let t = self.cfg.text();
+        let vocab = t.vocab_size;
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
             return Err(crate::Error::Msg(format!(
                 "token id {bad} is outside the vocabulary (0..{vocab})"
@@ -219,23 +237,18 @@ impl K3Model {
         }
         let mut last = None;
         for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
-            let h = self.forward_chunk(chunk, state, trace.as_deref_mut())?;
-            last = Some(h);
+            last = Some(self.forward_chunk(chunk, state, trace.as_deref_mut())?);
         }
         let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
-        let t = h.dim(0)?;
-        let logits = linear(
-            &rms_norm(
-                &h.narrow(0, t - 1, 1)?,
-                &self.final_norm,
-                self.cfg.text().rms_norm_eps,
-            )?,
-            &self.lm_head,
-        )?;
-        Ok(logits.squeeze(0)?)
+        let n = h.dim(0)?;
+        let x = rms_norm(&h.narrow(0, n - 1, 1)?, &self.final_norm, t.rms_norm_eps)?;
+        let lm_head = self
+            .spine
+            .global()
+            .matrix("lm_head.weight", vocab, t.hidden_size)?;
+        Ok(dense(&x, &lm_head)?.squeeze(0)?)
     }
 
-    /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`.
     fn forward_chunk(
         &self,
         ids: &[u32],
@@ -260,6 +273,7 @@ impl K3Model {
         }
     }
 
+    /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`.
     fn run_layers(
         &self,
         ids: &[u32],
@@ -269,13 +283,11 @@ impl K3Model {
         let t = self.cfg.text();
         let eps = t.rms_norm_eps;
         self.experts.begin_token();
-        let mut h = self.spine.rows(
-            &format!("{}model.embed_tokens.weight", self.prefix),
-            [t.vocab_size, t.hidden_size],
-            ids,
-        )?;
+        let mut pass = self.spine.pass();
+        let mut h = self.spine.embed_rows(ids)?;
         let mut anchors: Vec<Tensor> = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
+            let ld = pass.layer(l)?;
             let a_in = if anchors.is_empty() {
                 h.clone()
             } else {
@@ -291,8 +303,8 @@ impl K3Model {
             };
             let x = rms_norm(&a_in, &layer.input_norm, eps)?;
             let o = match (&layer.attn, &mut state.layers[l]) {
-                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(&x, s, self.options.kda)?,
-                (Attn::Mla(m), LayerState::Mla(s)) => m.forward(&x, s, self.options.mla)?,
+                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(&x, s, self.options.kda, &ld)?,
+                (Attn::Mla(m), LayerState::Mla(s)) => m.forward(&x, s, self.options.mla, &ld)?,
                 _ => {
                     return Err(crate::Error::Msg(format!(
                         "layer {l}: state does not match the layer kind"
@@ -308,11 +320,12 @@ impl K3Model {
             let m_in = layer.mlp_res.forward(&v)?;
             let xm = rms_norm(&m_in, &layer.post_norm, eps)?;
             let om = match &layer.ffn {
-                Ffn::Dense(mlp) => mlp.forward(&xm)?,
+                Ffn::Dense(mlp) => mlp.forward(&xm, &ld)?,
                 Ffn::Moe(moe) => {
                     let mut routes = Vec::new();
                     let y = moe.forward(
                         &xm,
+                        &ld,
                         self.experts.as_ref(),
                         self.options.kernel,
                         trace.as_ref().map(|_| &mut routes),

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use candle::Tensor;
 
 use super::kda_kernels::{self, KdaDims, KdaInputs};
-use super::ops::{linear, rms_norm, sigmoid};
-use super::weights::LayerWeights;
+use super::ops::{rms_norm, sigmoid};
+use super::weights::{dense, LayerWeights};
+use crate::spine::layer::LayerData;
 use crate::Result;
 
 /// How the recurrence is evaluated.
@@ -31,14 +32,7 @@ pub struct KdaState {
 /// One KDA attention block.
 #[derive(Debug)]
 pub struct Kda {
-    q_proj: Tensor,
-    k_proj: Tensor,
-    v_proj: Tensor,
-    g_proj: Tensor,
-    f_a: Tensor,
-    f_b: Tensor,
-    b_proj: Tensor,
-    o_proj: Tensor,
+    hidden: usize,
     o_norm: Tensor,
     conv_w: [Vec<f32>; 3],
     a_exp: Vec<f32>,
@@ -62,19 +56,10 @@ impl Kda {
             la.short_conv_kernel_size,
         );
         let p = hk * d;
-        let host = |n: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            Ok(w.get(n, shape)?.flatten_all()?.to_vec1::<f32>()?)
-        };
+        let host = |n: &str, shape: &[usize]| w.values(n, shape);
         let a_log = host("self_attn.A_log", &[d])?;
         Ok(Kda {
-            q_proj: w.get("self_attn.q_proj.weight", &[p, h])?,
-            k_proj: w.get("self_attn.k_proj.weight", &[p, h])?,
-            v_proj: w.get("self_attn.v_proj.weight", &[p, h])?,
-            g_proj: w.get("self_attn.g_proj.weight", &[p, h])?,
-            f_a: w.get("self_attn.f_a_proj.weight", &[d, h])?,
-            f_b: w.get("self_attn.f_b_proj.weight", &[p, d])?,
-            b_proj: w.get("self_attn.b_proj.weight", &[hk, h])?,
-            o_proj: w.get("self_attn.o_proj.weight", &[h, p])?,
+            hidden: h,
             o_norm: w.get("self_attn.o_norm.weight", &[d])?,
             conv_w: [
                 host("self_attn.q_conv1d.weight", &[p, 1, cw])?,
@@ -124,22 +109,25 @@ impl Kda {
     }
 
     /// `x` is the normalised layer input `[T, H]`; returns `[T, H]`.
-    pub fn forward(&self, x: &Tensor, st: &mut KdaState, mode: KdaMode) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        st: &mut KdaState,
+        mode: KdaMode,
+        ld: &LayerData,
+    ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (hk, d) = (self.heads, self.d);
-        let p = hk * d;
-        let host =
-            |w: &Tensor| -> Result<Vec<f32>> { Ok(linear(x, w)?.flatten_all()?.to_vec1::<f32>()?) };
-        let (qp, kp, vp) = (
-            host(&self.q_proj)?,
-            host(&self.k_proj)?,
-            host(&self.v_proj)?,
-        );
-        let graw = linear(&linear(x, &self.f_a)?, &self.f_b)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let braw = host(&self.b_proj)?;
-        let gout = linear(x, &self.g_proj)?;
+        let (h, p) = (self.hidden, hk * d);
+        let m = |n: &str, r: usize, c: usize| ld.matrix(n, r, c);
+        let host = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        let qp = host(dense(x, &m("self_attn.q_proj.weight", p, h)?)?)?;
+        let kp = host(dense(x, &m("self_attn.k_proj.weight", p, h)?)?)?;
+        let vp = host(dense(x, &m("self_attn.v_proj.weight", p, h)?)?)?;
+        let fa = dense(x, &m("self_attn.f_a_proj.weight", d, h)?)?;
+        let graw = host(dense(&fa, &m("self_attn.f_b_proj.weight", p, d)?)?)?;
+        let braw = host(dense(x, &m("self_attn.b_proj.weight", hk, h)?)?)?;
+        let gout = dense(x, &m("self_attn.g_proj.weight", p, h)?)?;
 
         let conv = Arc::make_mut(&mut st.conv);
         let hl = (self.width - 1) * p;
@@ -176,6 +164,6 @@ impl Kda {
         let o = Tensor::from_vec(o, (t, hk, d), x.device())?;
         let o = rms_norm(&o, &self.o_norm, self.eps)?;
         let o = o.mul(&sigmoid(&gout.reshape((t, hk, d))?)?)?;
-        Ok(linear(&o.reshape((t, p))?, &self.o_proj)?)
+        dense(&o.reshape((t, p))?, &m("self_attn.o_proj.weight", h, p)?)
     }
 }

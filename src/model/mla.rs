@@ -3,8 +3,9 @@
 
 use candle::{Device, Tensor, D};
 
-use super::ops::{linear, rms_norm, sigmoid};
-use super::weights::LayerWeights;
+use super::ops::{rms_norm, sigmoid};
+use super::weights::{dense, LayerWeights};
+use crate::spine::layer::LayerData;
 use crate::Result;
 
 /// Which MLA evaluation to use.
@@ -26,21 +27,13 @@ pub struct MlaState {
     pub kpe: Option<Tensor>,
 }
 
-/// One gated MLA block.
+/// One gated MLA block (small tensors; matrices come from the layer data at each pass).
 #[derive(Debug)]
 pub struct Mla {
-    q_a: Tensor,
     q_a_norm: Tensor,
-    q_b: Tensor,
-    kv_a: Tensor,
     kv_a_norm: Tensor,
-    kv_b: Tensor,
-    /// `[heads, nope, kv_lora]`
-    w_k: Tensor,
-    /// `[heads, v, kv_lora]`
-    w_v: Tensor,
-    g_proj: Tensor,
-    o_proj: Tensor,
+    hidden: usize,
+    q_lora: usize,
     heads: usize,
     nope: usize,
     rope: usize,
@@ -50,36 +43,19 @@ pub struct Mla {
 }
 
 impl Mla {
-    /// Loads layer weights (`self_attn.*`).
+    /// Loads the layer's small tensors (`self_attn.*layernorm`).
     pub fn load(w: &LayerWeights) -> Result<Self> {
         let c = w.cfg.text();
-        let (h, nh, nope, rope, vd, ql, kl) = (
-            c.hidden_size,
-            c.num_attention_heads,
-            c.qk_nope_head_dim,
-            c.qk_rope_head_dim,
-            c.v_head_dim,
-            c.q_lora_rank,
-            c.kv_lora_rank,
-        );
-        let kv_b = w.get("self_attn.kv_b_proj.weight", &[nh * (nope + vd), kl])?;
-        let per_head = kv_b.reshape((nh, nope + vd, kl))?;
         Ok(Mla {
-            q_a: w.get("self_attn.q_a_proj.weight", &[ql, h])?,
-            q_a_norm: w.get("self_attn.q_a_layernorm.weight", &[ql])?,
-            q_b: w.get("self_attn.q_b_proj.weight", &[nh * (nope + rope), ql])?,
-            kv_a: w.get("self_attn.kv_a_proj_with_mqa.weight", &[kl + rope, h])?,
-            kv_a_norm: w.get("self_attn.kv_a_layernorm.weight", &[kl])?,
-            w_k: per_head.narrow(1, 0, nope)?.contiguous()?,
-            w_v: per_head.narrow(1, nope, vd)?.contiguous()?,
-            kv_b,
-            g_proj: w.get("self_attn.g_proj.weight", &[nh * vd, h])?,
-            o_proj: w.get("self_attn.o_proj.weight", &[h, nh * vd])?,
-            heads: nh,
-            nope,
-            rope,
-            v_dim: vd,
-            kv_lora: kl,
+            q_a_norm: w.get("self_attn.q_a_layernorm.weight", &[c.q_lora_rank])?,
+            kv_a_norm: w.get("self_attn.kv_a_layernorm.weight", &[c.kv_lora_rank])?,
+            hidden: c.hidden_size,
+            q_lora: c.q_lora_rank,
+            heads: c.num_attention_heads,
+            nope: c.qk_nope_head_dim,
+            rope: c.qk_rope_head_dim,
+            v_dim: c.v_head_dim,
+            kv_lora: c.kv_lora_rank,
             eps: c.rms_norm_eps,
         })
     }
@@ -101,23 +77,42 @@ impl Mla {
     }
 
     /// `x` is the normalised layer input `[T, H]`; returns `[T, H]` and appends to the cache.
-    pub fn forward(&self, x: &Tensor, st: &mut MlaState, mode: MlaMode) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        st: &mut MlaState,
+        mode: MlaMode,
+        ld: &LayerData,
+    ) -> Result<Tensor> {
         let t = x.dim(0)?;
-        let (nh, nope, rope, vd) = (self.heads, self.nope, self.rope, self.v_dim);
-        let q = linear(
-            &rms_norm(&linear(x, &self.q_a)?, &self.q_a_norm, self.eps)?,
-            &self.q_b,
+        let (h, nh, nope, rope, vd, kl) = (
+            self.hidden,
+            self.heads,
+            self.nope,
+            self.rope,
+            self.v_dim,
+            self.kv_lora,
+        );
+        let m = |n: &str, r: usize, c: usize| ld.matrix(n, r, c);
+        let qa = rms_norm(
+            &dense(x, &m("self_attn.q_a_proj.weight", self.q_lora, h)?)?,
+            &self.q_a_norm,
+            self.eps,
+        )?;
+        let q = dense(
+            &qa,
+            &m("self_attn.q_b_proj.weight", nh * (nope + rope), self.q_lora)?,
         )?;
         let q = q.reshape((t, nh, nope + rope))?.transpose(0, 1)?; // [nh, T, dq]
         let q_nope = q.narrow(D::Minus1, 0, nope)?.contiguous()?;
         let q_pe = q.narrow(D::Minus1, nope, rope)?.contiguous()?;
-        let ckv = linear(x, &self.kv_a)?;
+        let ckv = dense(x, &m("self_attn.kv_a_proj_with_mqa.weight", kl + rope, h)?)?;
         let c_n = rms_norm(
-            &ckv.narrow(1, 0, self.kv_lora)?.contiguous()?,
+            &ckv.narrow(1, 0, kl)?.contiguous()?,
             &self.kv_a_norm,
             self.eps,
         )?;
-        let kpe = ckv.narrow(1, self.kv_lora, rope)?.contiguous()?;
+        let kpe = ckv.narrow(1, kl, rope)?.contiguous()?;
         let past = st.c.as_ref().map(|c| c.dim(0)).transpose()?.unwrap_or(0);
         let c_all = match &st.c {
             Some(c) => Tensor::cat(&[c, &c_n], 0)?,
@@ -129,36 +124,41 @@ impl Mla {
         };
         let mask = Self::causal_mask(t, past, x.device())?;
         let scale = 1.0 / ((nope + rope) as f64).sqrt();
+        let total = past + t;
         let pe_scores = q_pe.matmul(
             &kpe_all
                 .t()?
                 .unsqueeze(0)?
-                .broadcast_as((nh, rope, past + t))?
+                .broadcast_as((nh, rope, total))?
                 .contiguous()?,
         )?;
+        let kv_b = m("self_attn.kv_b_proj.weight", nh * (nope + vd), kl)?;
         let o = match mode {
             MlaMode::Compact => {
+                let per_head = Tensor::from_vec(kv_b.to_f32(), (nh, nope + vd, kl), x.device())?;
+                let w_k = per_head.narrow(1, 0, nope)?.contiguous()?;
+                let w_v = per_head.narrow(1, nope, vd)?.contiguous()?;
                 // q_lat = q_nope · W_k: [nh, T, kv_lora]
-                let q_lat = q_nope.matmul(&self.w_k)?;
+                let q_lat = q_nope.matmul(&w_k)?;
                 let c_t = c_all
                     .t()?
                     .unsqueeze(0)?
-                    .broadcast_as((nh, self.kv_lora, past + t))?
+                    .broadcast_as((nh, kl, total))?
                     .contiguous()?;
                 let scores = ((q_lat.matmul(&c_t)? + pe_scores)? * scale)?.broadcast_add(&mask)?;
                 let p = candle_nn::ops::softmax_last_dim(&scores)?;
                 let ctx = p.matmul(
                     &c_all
                         .unsqueeze(0)?
-                        .broadcast_as((nh, past + t, self.kv_lora))?
+                        .broadcast_as((nh, total, kl))?
                         .contiguous()?,
                 )?;
-                ctx.matmul(&self.w_v.transpose(1, 2)?.contiguous()?)? // [nh, T, v]
+                ctx.matmul(&w_v.transpose(1, 2)?.contiguous()?)? // [nh, T, v]
             }
             MlaMode::Expanded => {
-                let kv = linear(&c_all, &self.kv_b)?
-                    .reshape((past + t, nh, nope + vd))?
-                    .transpose(0, 1)?; // [nh, P, 256]
+                let kv = dense(&c_all, &kv_b)?
+                    .reshape((total, nh, nope + vd))?
+                    .transpose(0, 1)?; // [nh, P, nope+v]
                 let k_nope = kv.narrow(D::Minus1, 0, nope)?.contiguous()?;
                 let v = kv.narrow(D::Minus1, nope, vd)?.contiguous()?;
                 let scores =
@@ -168,9 +168,12 @@ impl Mla {
             }
         };
         let o = o.transpose(0, 1)?.reshape((t, nh * vd))?;
-        let o = o.mul(&sigmoid(&linear(x, &self.g_proj)?)?)?;
+        let o = o.mul(&sigmoid(&dense(
+            x,
+            &m("self_attn.g_proj.weight", nh * vd, h)?,
+        )?)?)?;
         st.c = Some(c_all);
         st.kpe = Some(kpe_all);
-        Ok(linear(&o, &self.o_proj)?)
+        dense(&o, &m("self_attn.o_proj.weight", h, nh * vd)?)
     }
 }

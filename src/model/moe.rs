@@ -4,45 +4,43 @@ use std::collections::BTreeMap;
 
 use candle::Tensor;
 
-use super::ops::{linear, rms_norm, situ};
-use super::weights::LayerWeights;
+use super::ops::{rms_norm, situ};
+use super::weights::{dense, LayerWeights};
 use crate::experts::ExpertProvider;
 use crate::mxfp4::{Kernel, Mxfp4Expert};
+use crate::spine::layer::LayerData;
 use crate::Result;
 
-/// A dense SiTU MLP: `down · SiTU(gate·x, up·x)`.
+/// A dense SiTU MLP: `down · SiTU(gate·x, up·x)` over the layer's matrices `{prefix}.*_proj`.
 #[derive(Debug)]
 pub struct Mlp {
-    gate: Tensor,
-    up: Tensor,
-    down: Tensor,
+    prefix: String,
+    hidden: usize,
+    inter: usize,
     beta: f64,
     linear_beta: f64,
 }
 
 impl Mlp {
-    /// Loads `{prefix}.gate_proj/up_proj/down_proj` with intermediate width `inter`.
-    pub fn load(w: &LayerWeights, prefix: &str, inter: usize) -> Result<Self> {
-        let c = w.cfg.text();
-        let h = c.hidden_size;
-        Ok(Mlp {
-            gate: w.get(&format!("{prefix}.gate_proj.weight"), &[inter, h])?,
-            up: w.get(&format!("{prefix}.up_proj.weight"), &[inter, h])?,
-            down: w.get(&format!("{prefix}.down_proj.weight"), &[h, inter])?,
+    /// An MLP over `{prefix}.gate_proj/up_proj/down_proj` with intermediate width `inter`.
+    pub fn new(cfg: &crate::K3Config, prefix: &str, inter: usize) -> Self {
+        let c = cfg.text();
+        Mlp {
+            prefix: prefix.to_string(),
+            hidden: c.hidden_size,
+            inter,
             beta: c.activation_situ_beta,
             linear_beta: c.activation_situ_linear_beta,
-        })
+        }
     }
 
     /// `[T, H]` → `[T, H]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = situ(
-            &linear(x, &self.gate)?,
-            &linear(x, &self.up)?,
-            self.beta,
-            self.linear_beta,
-        )?;
-        Ok(linear(&h, &self.down)?)
+    pub fn forward(&self, x: &Tensor, ld: &LayerData) -> Result<Tensor> {
+        let (h, i, p) = (self.hidden, self.inter, &self.prefix);
+        let g = dense(x, &ld.matrix(&format!("{p}.gate_proj.weight"), i, h)?)?;
+        let u = dense(x, &ld.matrix(&format!("{p}.up_proj.weight"), i, h)?)?;
+        let a = situ(&g, &u, self.beta, self.linear_beta)?;
+        dense(&a, &ld.matrix(&format!("{p}.down_proj.weight"), h, i)?)
     }
 }
 
@@ -78,11 +76,10 @@ pub fn route(logits: &[f32], bias: &[f32], k: usize, renormalize: bool) -> Route
 #[derive(Debug)]
 pub struct Moe {
     layer: usize,
-    gate: Tensor,
+    hidden: usize,
+    num_experts: usize,
     bias: Vec<f32>,
-    down: Tensor,
     norm: Option<Tensor>,
-    up: Tensor,
     shared: Mlp,
     top_k: usize,
     renormalize: bool,
@@ -98,21 +95,22 @@ impl Moe {
     pub fn load(w: &LayerWeights) -> Result<Self> {
         let c = w.cfg.text();
         let (h, e, r) = (c.hidden_size, c.num_experts, c.routed_expert_hidden_size);
-        let bias = w
-            .get("block_sparse_moe.gate.e_score_correction_bias", &[e])?
-            .to_vec1::<f32>()?;
+        let bias = w.values("block_sparse_moe.gate.e_score_correction_bias", &[e])?;
         Ok(Moe {
             layer: w.layer,
-            gate: w.get("block_sparse_moe.gate.weight", &[e, h])?,
+            hidden: h,
+            num_experts: e,
             bias,
-            down: w.get("block_sparse_moe.routed_expert_down_proj.weight", &[r, h])?,
             norm: if c.latent_moe_use_norm {
                 Some(w.get("block_sparse_moe.routed_expert_norm.weight", &[r])?)
             } else {
                 None
             },
-            up: w.get("block_sparse_moe.routed_expert_up_proj.weight", &[h, r])?,
-            shared: Mlp::load(w, "block_sparse_moe.shared_experts", w.cfg.shared_width())?,
+            shared: Mlp::new(
+                w.cfg,
+                "block_sparse_moe.shared_experts",
+                w.cfg.shared_width(),
+            ),
             top_k: c.num_experts_per_token,
             renormalize: c.moe_renormalize,
             inter: c.moe_intermediate_size,
@@ -124,8 +122,13 @@ impl Moe {
     }
 
     /// Routes every row of `x` `[T, H]`.
-    pub fn routes(&self, x: &Tensor) -> Result<Vec<Route>> {
-        let logits = linear(x, &self.gate)?.to_vec2::<f32>()?;
+    pub fn routes(&self, x: &Tensor, ld: &LayerData) -> Result<Vec<Route>> {
+        let gate = ld.matrix(
+            "block_sparse_moe.gate.weight",
+            self.num_experts,
+            self.hidden,
+        )?;
+        let logits = dense(x, &gate)?.to_vec2::<f32>()?;
         Ok(logits
             .iter()
             .map(|l| route(l, &self.bias, self.top_k, self.renormalize))
@@ -136,13 +139,19 @@ impl Moe {
     pub fn forward(
         &self,
         x: &Tensor,
+        ld: &LayerData,
         experts: &dyn ExpertProvider,
         kernel: Kernel,
         trace: Option<&mut Vec<Route>>,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
-        let routes = self.routes(x)?;
-        let z = linear(x, &self.down)?.flatten_all()?.to_vec1::<f32>()?;
+        let routes = self.routes(x, ld)?;
+        let down = ld.matrix(
+            "block_sparse_moe.routed_expert_down_proj.weight",
+            self.latent,
+            self.hidden,
+        )?;
+        let z = dense(x, &down)?.flatten_all()?.to_vec1::<f32>()?;
         let r = self.latent;
         // Rows of each selected expert, in expert-id order.
         let mut rows: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -187,8 +196,13 @@ impl Moe {
             Some(n) => rms_norm(&y, n, self.eps)?,
             None => y,
         };
-        let routed = linear(&y, &self.up)?;
-        Ok((routed + self.shared.forward(x)?)?)
+        let up = ld.matrix(
+            "block_sparse_moe.routed_expert_up_proj.weight",
+            self.hidden,
+            self.latent,
+        )?;
+        let routed = dense(&y, &up)?;
+        Ok((routed + self.shared.forward(x, ld)?)?)
     }
 }
 

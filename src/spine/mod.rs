@@ -1,4 +1,11 @@
-//! `SpineSource`: hands the model its dense ("spine") tensors, wherever they live.
+//! The spine: every dense tensor of the model. `source::Spine` hands the model each layer (from the
+//! converted store or the shards, pinned or streamed); `ShardSpine` reads raw tensors from shards.
+
+pub mod budget;
+pub mod convert;
+pub mod dense;
+pub mod layer;
+pub mod source;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -7,22 +14,6 @@ use candle::{Device, Tensor};
 
 use crate::checkpoint::{Inventory, ShardFiles, StDtype};
 use crate::{Error, Result};
-
-/// Where the model's dense tensors come from.
-pub trait SpineSource: Send + Sync {
-    /// The tensor `name` as f32 on the model's device, checked against `shape`.
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor>;
-    /// The device tensors are placed on.
-    fn device(&self) -> &Device;
-    /// Whether a tensor exists.
-    fn contains(&self, name: &str) -> bool;
-    /// Rows `ids` of the 2-D tensor `name` `[rows, cols]` as f32 `[ids.len(), cols]`.
-    fn rows(&self, name: &str, shape: [usize; 2], ids: &[u32]) -> Result<Tensor> {
-        let t = self.tensor(name, &shape)?;
-        let idx = Tensor::new(ids, self.device())?;
-        Ok(t.index_select(&idx, 0)?)
-    }
-}
 
 /// Reads spine tensors straight from the checkpoint shards (BF16/F16/F32 widened exactly).
 pub struct ShardSpine {
@@ -79,28 +70,9 @@ pub fn to_f32(bytes: &[u8], dtype: StDtype, name: &str) -> Result<Vec<f32>> {
     })
 }
 
-impl SpineSource for ShardSpine {
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let (bytes, dtype, have) = self.bytes(name)?;
-        if have != shape {
-            return Err(Error::Tensor {
-                name: name.into(),
-                msg: format!("expected shape {shape:?} from the config, found {have:?}"),
-            });
-        }
-        let v = to_f32(&bytes, dtype, name)?;
-        Ok(Tensor::from_vec(v, shape, &self.device)?)
-    }
-
-    fn device(&self) -> &Device {
-        &self.device
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.inv.get(name).is_some()
-    }
-
-    fn rows(&self, name: &str, shape: [usize; 2], ids: &[u32]) -> Result<Tensor> {
+impl ShardSpine {
+    /// Rows `ids` of the 2-D tensor `name` `[rows, cols]` as f32 `[ids.len(), cols]`.
+    pub fn rows(&self, name: &str, shape: [usize; 2], ids: &[u32]) -> Result<Tensor> {
         let t = self.inv.get(name).ok_or_else(|| Error::Tensor {
             name: name.into(),
             msg: format!("missing from the checkpoint in {}", self.inv.dir.display()),

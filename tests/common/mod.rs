@@ -42,11 +42,14 @@ pub fn generate_with(
     prompt: &[u32],
     max_new: usize,
 ) -> deltafin::Result<Vec<u32>> {
-    let spine = std::sync::Arc::new(deltafin::spine::ShardSpine::new(
+    let spine = deltafin::Spine::open(
+        &inv.dir,
         inv.clone(),
-        candle::Device::Cpu,
-    ));
-    let m = deltafin::K3Model::load(cfg.clone(), inv.prefix.clone(), spine, experts)?;
+        cfg.num_layers(),
+        &candle::Device::Cpu,
+        &Default::default(),
+    )?;
+    let m = deltafin::K3Model::load(cfg.clone(), std::sync::Arc::new(spine), experts)?;
     let opts = deltafin::GenerateOptions {
         max_new,
         stop_ids: vec![],

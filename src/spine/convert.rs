@@ -1,0 +1,162 @@
+//! Writing the spine store: one file per layer (`layer-NNN.bin`), the tail (`global.bin`:
+//! final norm, output AttnRes, lm_head) and the embedding (`embed.bin`), in BF16 (the original
+//! bytes) or row-int8. Resumable: complete files are kept, each file is written atomically.
+
+use std::path::{Path, PathBuf};
+
+use super::dense::quantize_row_int8;
+use super::layer::{is_complete, write_file};
+use super::{to_f32, ShardSpine};
+use crate::checkpoint::{Inventory, StDtype};
+use crate::{Error, Result};
+
+/// Spine storage format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpineFormat {
+    /// The checkpoint's BF16/F32 bytes, unchanged.
+    Bf16,
+    /// Row-int8 (spec §5 item 2) for the projection matrices.
+    Int8,
+}
+
+impl SpineFormat {
+    /// Directory name under the store root.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            SpineFormat::Bf16 => "bf16",
+            SpineFormat::Int8 => "int8",
+        }
+    }
+}
+
+/// Names that are never converted to int8 (spec §5 item 2).
+const KEEP: [&str; 9] = [
+    "conv1d",
+    "norm",
+    "A_log",
+    "dt_bias",
+    "res_proj",
+    "e_score_correction_bias",
+    ".experts.",
+    "vision",
+    "mm_projector",
+];
+
+/// Whether a tensor is converted to row-int8: every 2-D BF16 tensor except the kept kinds and
+/// the embedding.
+pub fn is_int8_target(name: &str, dtype: StDtype, shape: &[usize]) -> bool {
+    dtype == StDtype::BF16
+        && shape.len() == 2
+        && !KEEP.iter().any(|k| name.contains(k))
+        && !name.contains("embed_tokens")
+}
+
+/// Whether a tensor is "small" (kept resident, read once at startup) rather than a streamed
+/// matrix: anything that is not a 2-D matrix with both dimensions above 1.
+pub fn is_small(shape: &[usize]) -> bool {
+    !(shape.len() == 2 && shape[0] > 1 && shape[1] > 1)
+}
+
+type Packed = Vec<(String, StDtype, Vec<usize>, Vec<u8>)>;
+
+/// The tensors of one group, converted to `format`; `strip` is removed from each name.
+pub fn convert_group(
+    spine: &ShardSpine,
+    names: &[String],
+    strip: &str,
+    format: SpineFormat,
+) -> Result<Packed> {
+    let mut out = Vec::new();
+    for full in names {
+        let (bytes, dtype, shape) = spine.bytes(full)?;
+        let name = full.strip_prefix(strip).unwrap_or(full).to_string();
+        if format == SpineFormat::Int8 && is_int8_target(full, dtype, &shape) {
+            let w = to_f32(&bytes, dtype, full)?;
+            let (rows, cols) = (shape[0], shape[1]);
+            let mut q = Vec::with_capacity(rows * cols);
+            let mut sc = Vec::with_capacity(2 * rows);
+            for r in 0..rows {
+                let (qq, s) = quantize_row_int8(&w[r * cols..(r + 1) * cols]);
+                q.extend(qq.iter().map(|v| *v as u8));
+                sc.extend(s.to_le_bytes());
+            }
+            out.push((format!("{name}.row_scale"), StDtype::F16, vec![rows], sc));
+            out.push((name, StDtype::I8, shape, q));
+        } else {
+            out.push((name, dtype, shape, bytes));
+        }
+    }
+    Ok(out)
+}
+
+/// The full names of layer `l`'s dense tensors.
+pub fn layer_names(inv: &Inventory, l: usize) -> Vec<String> {
+    let p = inv.layer_name(l, "");
+    let mut v: Vec<String> = inv
+        .iter()
+        .filter(|(n, _)| n.starts_with(&p) && !n.contains(".experts."))
+        .map(|(n, _)| n.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The tail tensors (final norm, output AttnRes, lm_head).
+pub fn global_names(inv: &Inventory) -> Vec<String> {
+    vec![
+        inv.name("model.norm.weight"),
+        inv.name("model.output_attn_res_norm.weight"),
+        inv.name("model.output_attn_res_proj.weight"),
+        inv.name("lm_head.weight"),
+    ]
+}
+
+/// The store directory of a format under `root`.
+pub fn store_dir(root: &Path, format: SpineFormat) -> PathBuf {
+    root.join("deltafin-spine").join(format.dir_name())
+}
+
+/// Converts the spine of the checkpoint in `inv` into `store_dir(out_root, format)`, skipping
+/// files that are already complete; `progress(done, total)` is called after each file.
+pub fn convert_spine(
+    inv: &Inventory,
+    num_layers: usize,
+    out_root: &Path,
+    format: SpineFormat,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<PathBuf> {
+    let dir = store_dir(out_root, format);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let spine = ShardSpine::new(std::sync::Arc::new(inv.clone()), candle::Device::Cpu);
+    let total = num_layers + 2;
+    let mut done = 0;
+    for l in 0..num_layers {
+        let path = dir.join(format!("layer-{l:03}.bin"));
+        if !is_complete(&path) {
+            let names = layer_names(inv, l);
+            let tensors = convert_group(&spine, &names, &inv.layer_name(l, ""), format)?;
+            write_file(&path, &tensors)?;
+        }
+        done += 1;
+        progress(done, total);
+    }
+    let global = dir.join("global.bin");
+    if !is_complete(&global) {
+        let tensors = convert_group(&spine, &global_names(inv), &inv.prefix, format)?;
+        write_file(&global, &tensors)?;
+    }
+    done += 1;
+    progress(done, total);
+    let embed = dir.join("embed.bin");
+    if !is_complete(&embed) {
+        let tensors = convert_group(
+            &spine,
+            &[inv.name("model.embed_tokens.weight")],
+            &inv.prefix,
+            SpineFormat::Bf16,
+        )?;
+        write_file(&embed, &tensors)?;
+    }
+    progress(total, total);
+    Ok(dir)
+}

@@ -1,0 +1,285 @@
+//! Dense spine matrices over borrowed bytes (BF16, F32, or row-int8 with f16 row scales) and
+//! the fused GEMV/GEMM that reads them directly: weights are widened (or dequantised) in
+//! registers, never copied to an fp32 matrix.
+//!
+//! Every output row is computed by the same function with a fixed reduction order (16 lanes,
+//! then a pairwise tree), whatever the number of input rows or threads, so batched and
+//! single-row calls agree bit for bit.
+
+use rayon::prelude::*;
+
+use crate::{Error, Result};
+
+/// Element storage of a dense matrix.
+#[derive(Debug, Clone, Copy)]
+pub enum DenseData<'a> {
+    /// Little-endian f32.
+    F32(&'a [u8]),
+    /// Little-endian bf16.
+    Bf16(&'a [u8]),
+    /// Row-int8: `q` `[rows, cols]` i8 and one little-endian f16 scale per row.
+    I8 {
+        /// Quantised values.
+        q: &'a [u8],
+        /// Row scales (f16).
+        scales: &'a [u8],
+    },
+}
+
+/// A `[rows, cols]` matrix view (`y = W x`).
+#[derive(Debug, Clone, Copy)]
+pub struct DenseMatrix<'a> {
+    /// The bytes.
+    pub data: DenseData<'a>,
+    /// Output rows.
+    pub rows: usize,
+    /// Input columns.
+    pub cols: usize,
+}
+
+const LANES: usize = 16;
+
+#[inline(always)]
+fn tree(acc: &[f32; LANES]) -> f32 {
+    let mut a = *acc;
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            a[i] += a[i + w];
+        }
+        w /= 2;
+    }
+    a[0]
+}
+
+#[inline(always)]
+fn dot_with(x: &[f32], w: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    let n = x.len();
+    let full = n - n % LANES;
+    let mut c = 0;
+    while c < full {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a += w(c + j) * x[c + j];
+        }
+        c += LANES;
+    }
+    for (j, a) in acc.iter_mut().enumerate().take(n - full) {
+        *a += w(full + j) * x[full + j];
+    }
+    tree(&acc)
+}
+
+impl<'a> DenseMatrix<'a> {
+    /// Checks the byte sizes.
+    pub fn new(data: DenseData<'a>, rows: usize, cols: usize) -> Result<Self> {
+        let n = rows * cols;
+        let ok = match data {
+            DenseData::F32(b) => b.len() == 4 * n,
+            DenseData::Bf16(b) => b.len() == 2 * n,
+            DenseData::I8 { q, scales } => q.len() == n && scales.len() == 2 * rows,
+        };
+        if !ok {
+            return Err(Error::Msg(format!(
+                "dense matrix [{rows}, {cols}]: byte size does not match"
+            )));
+        }
+        Ok(DenseMatrix { data, rows, cols })
+    }
+
+    /// Weight bytes read per use.
+    pub fn bytes(&self) -> usize {
+        match self.data {
+            DenseData::F32(b) | DenseData::Bf16(b) => b.len(),
+            DenseData::I8 { q, scales } => q.len() + scales.len(),
+        }
+    }
+
+    /// `W[r] · x`.
+    #[inline]
+    pub fn dot_row(&self, r: usize, x: &[f32]) -> f32 {
+        let c = self.cols;
+        match self.data {
+            DenseData::F32(b) => {
+                let row = &b[4 * r * c..4 * (r + 1) * c];
+                dot_with(x, |i| {
+                    f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
+                })
+            }
+            DenseData::Bf16(b) => {
+                let row = &b[2 * r * c..2 * (r + 1) * c];
+                dot_with(x, |i| {
+                    f32::from_bits((u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u32) << 16)
+                })
+            }
+            DenseData::I8 { q, scales } => {
+                let row = &q[r * c..(r + 1) * c];
+                let s = half::f16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]).to_f32();
+                dot_with(x, |i| row[i] as i8 as f32) * s
+            }
+        }
+    }
+
+    /// The element `W[r, c]` as f32 (reference path).
+    pub fn get(&self, r: usize, c: usize) -> f32 {
+        let i = r * self.cols + c;
+        match self.data {
+            DenseData::F32(b) => {
+                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+            }
+            DenseData::Bf16(b) => {
+                f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
+            }
+            DenseData::I8 { q, scales } => {
+                q[i] as i8 as f32
+                    * half::f16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]).to_f32()
+            }
+        }
+    }
+
+    /// The whole matrix as row-major f32 (for the few uses that need a tensor).
+    pub fn to_f32(&self) -> Vec<f32> {
+        (0..self.rows * self.cols)
+            .map(|i| self.get(i / self.cols, i % self.cols))
+            .collect()
+    }
+}
+
+/// Least work (weight bytes × rows of input) worth splitting across threads.
+const PARALLEL_MIN_BYTES: usize = 256 << 10;
+const ROW_TILE: usize = 32;
+
+/// `ys[t] = W xs[t]` for `t` input rows (`xs` `[t, cols]`, `ys` `[t, rows]`).
+pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()> {
+    if xs.len() != t * m.cols || ys.len() != t * m.rows {
+        return Err(Error::Msg(format!(
+            "dense gemm: input {} / output {} values for {t} rows of a [{}, {}] matrix",
+            xs.len(),
+            ys.len(),
+            m.rows,
+            m.cols
+        )));
+    }
+    let rows = m.rows;
+    let work = |tile: usize, out: &mut [f32]| {
+        // out holds rows tile*ROW_TILE.. for every t: [t][n]
+        let r0 = tile * ROW_TILE;
+        let n = ROW_TILE.min(rows - r0);
+        for k in 0..n {
+            for tt in 0..t {
+                out[tt * n + k] = m.dot_row(r0 + k, &xs[tt * m.cols..(tt + 1) * m.cols]);
+            }
+        }
+    };
+    let tiles = rows.div_ceil(ROW_TILE);
+    let parts: Vec<Vec<f32>> = if m.bytes() * t >= PARALLEL_MIN_BYTES {
+        (0..tiles)
+            .into_par_iter()
+            .map(|i| {
+                let mut o = vec![0f32; t * ROW_TILE.min(rows - i * ROW_TILE)];
+                work(i, &mut o);
+                o
+            })
+            .collect()
+    } else {
+        (0..tiles)
+            .map(|i| {
+                let mut o = vec![0f32; t * ROW_TILE.min(rows - i * ROW_TILE)];
+                work(i, &mut o);
+                o
+            })
+            .collect()
+    };
+    for (i, o) in parts.iter().enumerate() {
+        let r0 = i * ROW_TILE;
+        let n = ROW_TILE.min(rows - r0);
+        for tt in 0..t {
+            ys[tt * rows + r0..tt * rows + r0 + n].copy_from_slice(&o[tt * n..(tt + 1) * n]);
+        }
+    }
+    Ok(())
+}
+
+/// Row-int8 quantisation of one row (spec §5 item 2): `scale = max|w|/127` in f32 (1 for an
+/// all-zero row), `q = clamp(round_half_even(w/scale), −127, 127)`, the scale stored as f16.
+pub fn quantize_row_int8(row: &[f32]) -> (Vec<i8>, half::f16) {
+    let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let scale = if amax == 0.0 { 1.0 } else { amax / 127.0 };
+    let q = row
+        .iter()
+        .map(|&w| (w / scale).round_ties_even().clamp(-127.0, 127.0) as i8)
+        .collect();
+    (q, half::f16::from_f32(scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::rng::Rng;
+
+    #[test]
+    fn int8_rule_exact_bytes() {
+        // amax 127 → scale exactly 1: ties at .5 round to even.
+        let (q, s) = quantize_row_int8(&[127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -127.0]);
+        assert_eq!(q, vec![127, 2, 4, -2, 0, 0, 2, -127]);
+        assert_eq!(s.to_f32(), 1.0);
+        let (q, s) = quantize_row_int8(&[0.0; 5]);
+        assert_eq!(q, vec![0; 5]);
+        assert_eq!(s.to_f32(), 1.0);
+        // amax 254 → scale 2: 5 → 2.5 → 2, 7 → 3.5 → 4
+        let (q, s) = quantize_row_int8(&[254.0, 5.0, 7.0, -254.0]);
+        assert_eq!(q, vec![127, 2, 4, -127]);
+        assert_eq!(s.to_f32(), 2.0);
+    }
+
+    #[test]
+    fn gemm_matches_f64_and_is_row_exact() {
+        let mut rng = Rng::new(4);
+        let (rows, cols) = (70, 45);
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
+        let bf: Vec<u8> = w
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let f: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut q = Vec::new();
+        let mut sc = Vec::new();
+        for r in 0..rows {
+            let (qq, s) = quantize_row_int8(&w[r * cols..(r + 1) * cols]);
+            q.extend(qq.iter().map(|v| *v as u8));
+            sc.extend(s.to_le_bytes());
+        }
+        let t = 3;
+        let xs: Vec<f32> = (0..t * cols).map(|_| rng.normal() as f32).collect();
+        for data in [
+            DenseData::F32(&f),
+            DenseData::Bf16(&bf),
+            DenseData::I8 { q: &q, scales: &sc },
+        ] {
+            let m = DenseMatrix::new(data, rows, cols).unwrap();
+            let mut ys = vec![0f32; t * rows];
+            gemm(&m, &xs, t, &mut ys).unwrap();
+            for tt in 0..t {
+                let mut one = vec![0f32; rows];
+                gemm(&m, &xs[tt * cols..(tt + 1) * cols], 1, &mut one).unwrap();
+                assert!(one
+                    .iter()
+                    .zip(&ys[tt * rows..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+                for (r, got) in one.iter().enumerate() {
+                    let exact: f64 = (0..cols)
+                        .map(|c| m.get(r, c) as f64 * xs[tt * cols + c] as f64)
+                        .sum();
+                    let mag: f64 = (0..cols)
+                        .map(|c| (m.get(r, c) as f64 * xs[tt * cols + c] as f64).abs())
+                        .sum();
+                    assert!(
+                        (*got as f64 - exact).abs() <= 1e-5 * mag + 1e-6,
+                        "{data:?}"
+                    );
+                }
+            }
+        }
+        assert!(DenseMatrix::new(DenseData::Bf16(&bf[1..]), rows, cols).is_err());
+    }
+}

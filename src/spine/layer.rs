@@ -1,0 +1,322 @@
+//! `LayerData`: the dense tensors of one layer in one buffer, from a spine file (one sequential
+//! read) or gathered from the shards; and the spine file format.
+//!
+//! File format (`layer-NNN.bin`, `global.bin`, `embed.bin`): `DFSPINE1`, a little-endian u64
+//! header length, a JSON header `{"version":1,"tensors":[{"name","dtype","shape","offset","len",
+//! "checksum"}]}`, zero padding to 4096 bytes, then the tensors, each at a 64-byte aligned
+//! absolute `offset`. Row-int8 matrices are stored as `I8` under their name plus an `F16`
+//! `[rows]` tensor named `<name>.row_scale`.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use candle::{Device, Tensor};
+
+use super::dense::{DenseData, DenseMatrix};
+use super::to_f32;
+use crate::checkpoint::StDtype;
+use crate::experts::disk::checksum;
+use crate::experts::{BufPool, ExpertBuf};
+use crate::{Error, Result};
+
+/// File magic.
+pub const MAGIC: &[u8; 8] = b"DFSPINE1";
+const DATA_ALIGN: usize = 4096;
+const TENSOR_ALIGN: usize = 64;
+
+/// One tensor inside a `LayerData` buffer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Entry {
+    /// Name (layer-relative for layer files, e.g. `self_attn.q_proj.weight`).
+    pub name: String,
+    /// Element type (`BF16`, `F32`, `I8`, `F16`).
+    pub dtype: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Byte offset in the buffer.
+    pub offset: usize,
+    /// Byte length.
+    pub len: usize,
+    /// Checksum of the bytes.
+    pub checksum: u64,
+}
+
+/// The tensors of one layer (or of the tail) in one buffer.
+pub struct LayerData {
+    buf: ExpertBuf,
+    entries: HashMap<String, Entry>,
+}
+
+fn dtype_of(e: &Entry) -> Result<StDtype> {
+    StDtype::parse(&e.dtype).ok_or_else(|| Error::Tensor {
+        name: e.name.clone(),
+        msg: format!("unknown dtype {}", e.dtype),
+    })
+}
+
+impl LayerData {
+    /// Packs `(name, dtype, shape, bytes)` tensors into one buffer (no header).
+    pub fn pack(tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)>) -> Self {
+        let (entries, bytes) = layout(&tensors, 0);
+        let mut buf = vec![0u8; bytes];
+        for (e, (_, _, _, b)) in entries.iter().zip(&tensors) {
+            buf[e.offset..e.offset + e.len].copy_from_slice(b);
+        }
+        LayerData {
+            buf: ExpertBuf::owned(buf),
+            entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+        }
+    }
+
+    /// Names of the tensors held.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        self.entries.keys()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.entries.get(name).ok_or_else(|| Error::Tensor {
+            name: name.into(),
+            msg: "missing from the layer's spine data".into(),
+        })
+    }
+
+    fn data(&self, e: &Entry) -> Result<&[u8]> {
+        self.buf
+            .get(e.offset..e.offset + e.len)
+            .ok_or_else(|| Error::Tensor {
+                name: e.name.clone(),
+                msg: "byte range outside the layer buffer".into(),
+            })
+    }
+
+    /// A `[rows, cols]` matrix view (BF16, F32 or row-int8).
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<DenseMatrix<'_>> {
+        let e = self.entry(name)?;
+        if e.shape != [rows, cols] {
+            return Err(Error::Tensor {
+                name: name.into(),
+                msg: format!("expected shape [{rows}, {cols}], found {:?}", e.shape),
+            });
+        }
+        let b = self.data(e)?;
+        let data = match dtype_of(e)? {
+            StDtype::BF16 => DenseData::Bf16(b),
+            StDtype::F32 => DenseData::F32(b),
+            StDtype::I8 => {
+                let s = self.entry(&format!("{name}.row_scale"))?;
+                DenseData::I8 {
+                    q: b,
+                    scales: self.data(s)?,
+                }
+            }
+            other => {
+                return Err(Error::Tensor {
+                    name: name.into(),
+                    msg: format!("dtype {} cannot be a spine matrix", other.as_str()),
+                })
+            }
+        };
+        DenseMatrix::new(data, rows, cols)
+    }
+
+    /// A tensor as f32 values, checked against `shape` (int8 matrices are dequantised).
+    pub fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entry(name)?;
+        if e.shape != shape {
+            return Err(Error::Tensor {
+                name: name.into(),
+                msg: format!("expected shape {shape:?}, found {:?}", e.shape),
+            });
+        }
+        match dtype_of(e)? {
+            StDtype::I8 => Ok(self.matrix(name, shape[0], shape[1])?.to_f32()),
+            d => to_f32(self.data(e)?, d, name),
+        }
+    }
+
+    /// A tensor as an f32 Candle tensor.
+    pub fn tensor(&self, name: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
+        Ok(Tensor::from_vec(self.values(name, shape)?, shape, device)?)
+    }
+
+    /// Checks every tensor's checksum.
+    pub fn verify(&self) -> Result<()> {
+        for e in self.entries.values() {
+            if checksum(self.data(e)?) != e.checksum {
+                return Err(Error::Tensor {
+                    name: e.name.clone(),
+                    msg: "checksum mismatch in the spine file (re-run the conversion)".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn layout(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)], start: usize) -> (Vec<Entry>, usize) {
+    let mut off = start;
+    let mut entries = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape, b) in tensors {
+        off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
+        entries.push(Entry {
+            name: name.clone(),
+            dtype: dtype.as_str().to_string(),
+            shape: shape.clone(),
+            offset: off,
+            len: b.len(),
+            checksum: checksum(b),
+        });
+        off += b.len();
+    }
+    (entries, off)
+}
+
+/// The header bytes (magic, length, JSON, padding) and the total file size for `tensors`.
+fn header_for(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)]) -> (Vec<u8>, Vec<Entry>, usize) {
+    // The header's own size fixes the data start; offsets do not change the JSON length much,
+    // so iterate until the data start is stable.
+    let mut data_start = DATA_ALIGN;
+    loop {
+        let (entries, end) = layout(tensors, data_start);
+        let json = serde_json::json!({"version": 1, "tensors": entries}).to_string();
+        let need = (16 + json.len()).div_ceil(DATA_ALIGN) * DATA_ALIGN;
+        if need <= data_start {
+            let mut h = MAGIC.to_vec();
+            h.extend_from_slice(&(json.len() as u64).to_le_bytes());
+            h.extend_from_slice(json.as_bytes());
+            h.resize(data_start, 0);
+            return (h, entries, end);
+        }
+        data_start = need;
+    }
+}
+
+/// Writes a spine file atomically (temporary name, fsync, rename).
+pub fn write_file(path: &Path, tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)]) -> Result<()> {
+    use std::io::Write;
+    let (header, entries, end) = header_for(tensors);
+    crate::checkpoint::fixture::write_atomic_with(path, |w| {
+        w.write_all(&header).map_err(|e| Error::io(path, e))?;
+        let mut pos = header.len();
+        for (e, (_, _, _, b)) in entries.iter().zip(tensors) {
+            w.write_all(&vec![0u8; e.offset - pos])
+                .map_err(|e| Error::io(path, e))?;
+            w.write_all(b).map_err(|e| Error::io(path, e))?;
+            pos = e.offset + b.len();
+        }
+        debug_assert_eq!(pos, end);
+        Ok(())
+    })
+}
+
+/// Parses a spine file's header from its first bytes.
+pub fn parse_header(bytes: &[u8], file_len: usize, path: &Path) -> Result<Vec<Entry>> {
+    let bad = |m: String| Error::Shard {
+        path: path.to_path_buf(),
+        msg: m,
+    };
+    if bytes.len() < 16 || &bytes[..8] != MAGIC {
+        return Err(bad("not a deltafin spine file (bad magic)".into()));
+    }
+    let n = u64::from_le_bytes(
+        bytes[8..16]
+            .try_into()
+            .map_err(|_| bad("short header".into()))?,
+    ) as usize;
+    let json = bytes
+        .get(16..16usize.saturating_add(n))
+        .ok_or_else(|| bad("truncated header".into()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(json).map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let entries: Vec<Entry> = serde_json::from_value(v["tensors"].clone())
+        .map_err(|e| bad(format!("bad header: {e}")))?;
+    for e in &entries {
+        if e.offset.checked_add(e.len).is_none_or(|end| end > file_len) {
+            return Err(bad(format!(
+                "tensor `{}` runs past the end of the file (truncated?)",
+                e.name
+            )));
+        }
+    }
+    Ok(entries)
+}
+
+/// Reads a whole spine file with one sequential read into a pooled aligned buffer.
+pub fn read_file(path: &Path, pool: &Arc<BufPool>) -> Result<LayerData> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
+    let mut buf = pool.take(len)?;
+    f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
+    let entries = parse_header(&buf, len, path)?;
+    Ok(LayerData {
+        buf,
+        entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+    })
+}
+
+/// Whether `path` holds a complete spine file (header parses and every tensor fits).
+pub fn is_complete(path: &Path) -> bool {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let Ok(len) = f.metadata().map(|m| m.len() as usize) else {
+        return false;
+    };
+    let mut head = vec![0u8; DATA_ALIGN.min(len)];
+    if f.read_exact(&mut head).is_err() || head.len() < 16 {
+        return false;
+    }
+    let n = u64::from_le_bytes(head[8..16].try_into().unwrap_or([0; 8])) as usize;
+    if 16 + n > head.len() {
+        let mut more = vec![0u8; (16 + n).min(len) - head.len()];
+        if f.read_exact(&mut more).is_err() {
+            return false;
+        }
+        head.extend(more);
+    }
+    parse_header(&head, len, path).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("layer-000.bin");
+        let w: Vec<u8> = (0..6u16)
+            .flat_map(|i| half::bf16::from_f32(i as f32).to_le_bytes())
+            .collect();
+        let tensors = vec![
+            ("a.weight".to_string(), StDtype::BF16, vec![2, 3], w),
+            (
+                "b".to_string(),
+                StDtype::F32,
+                vec![1],
+                2.5f32.to_le_bytes().to_vec(),
+            ),
+        ];
+        write_file(&p, &tensors).unwrap();
+        assert!(is_complete(&p));
+        let pool = BufPool::new(2);
+        let ld = read_file(&p, &pool).unwrap();
+        ld.verify().unwrap();
+        assert_eq!(ld.values("b", &[1]).unwrap(), vec![2.5]);
+        let m = ld.matrix("a.weight", 2, 3).unwrap();
+        assert_eq!(m.get(1, 2), 5.0);
+        assert!(ld.matrix("a.weight", 3, 2).is_err());
+        // A truncated file is detected.
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(!is_complete(&p));
+        assert!(read_file(&p, &pool).is_err());
+    }
+}

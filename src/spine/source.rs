@@ -1,0 +1,434 @@
+//! `Spine`: hands the model each layer's dense tensors, from the spine store (one sequential
+//! read per layer, BF16 or row-int8) or from the checkpoint shards. Layers that fit the RAM
+//! budget are pinned; the others stream through a small set of reusable aligned buffers (the CPU
+//! "template layers"), read ahead by a background thread while the previous layer computes.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+
+use candle::{Device, Tensor};
+
+use super::convert::{global_names, is_small, layer_names, store_dir, SpineFormat};
+use super::layer::{is_complete, parse_header, read_file, Entry, LayerData};
+use super::{to_f32, ShardSpine};
+use crate::checkpoint::{Inventory, StDtype};
+use crate::experts::BufPool;
+use crate::{Error, Result};
+
+/// Which spine to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpineChoice {
+    /// Row-int8 store if converted, else the BF16 store, else the shards.
+    Auto,
+    /// The original weights (BF16 store or the shards).
+    Bf16,
+    /// The row-int8 store (an error if it was not converted).
+    Int8,
+}
+
+/// Spine settings.
+#[derive(Debug, Clone)]
+pub struct SpineOptions {
+    /// Format choice.
+    pub choice: SpineChoice,
+    /// Bytes of layers to pin (`None`: pin everything).
+    pub resident_bytes: Option<u64>,
+    /// Streamed layers in flight (2 = double buffering).
+    pub in_flight: usize,
+}
+
+impl Default for SpineOptions {
+    fn default() -> Self {
+        SpineOptions {
+            choice: SpineChoice::Auto,
+            resident_bytes: None,
+            in_flight: 2,
+        }
+    }
+}
+
+enum Backing {
+    Shards(ShardSpine),
+    Files(PathBuf),
+}
+
+struct Inner {
+    backing: Backing,
+    inv: Arc<Inventory>,
+    format: SpineFormat,
+    pool: Arc<BufPool>,
+}
+
+impl Inner {
+    fn layer_path(&self, l: usize) -> PathBuf {
+        match &self.backing {
+            Backing::Files(d) => d.join(format!("layer-{l:03}.bin")),
+            Backing::Shards(_) => PathBuf::new(),
+        }
+    }
+
+    fn load(&self, l: usize) -> Result<LayerData> {
+        match &self.backing {
+            Backing::Files(_) => read_file(&self.layer_path(l), &self.pool),
+            Backing::Shards(s) => pack_from_shards(
+                s,
+                &layer_names(&self.inv, l),
+                &self.inv.layer_name(l, ""),
+                |_| true,
+            ),
+        }
+    }
+}
+
+fn pack_from_shards(
+    s: &ShardSpine,
+    names: &[String],
+    strip: &str,
+    keep: impl Fn(&[usize]) -> bool,
+) -> Result<LayerData> {
+    let mut tensors = Vec::new();
+    for full in names {
+        let (bytes, dtype, shape) = s.bytes(full)?;
+        if keep(&shape) {
+            tensors.push((
+                full.strip_prefix(strip).unwrap_or(full).to_string(),
+                dtype,
+                shape,
+                bytes,
+            ));
+        }
+    }
+    Ok(LayerData::pack(tensors))
+}
+
+/// Reads only the small tensors of a spine file (header, then one positioned read each).
+fn small_from_file(path: &Path) -> Result<LayerData> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
+    let mut head = vec![0u8; 16];
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io(path, e))?;
+    let n = u64::from_le_bytes(
+        head[8..16]
+            .try_into()
+            .map_err(|_| Error::Msg("short header".into()))?,
+    ) as usize;
+    let mut full = vec![0u8; 16 + n];
+    f.read_exact_at(&mut full, 0)
+        .map_err(|e| Error::io(path, e))?;
+    let entries: Vec<Entry> = parse_header(&full, len, path)?;
+    let mut tensors = Vec::new();
+    for e in entries.iter().filter(|e| is_small(&e.shape)) {
+        let mut b = vec![0u8; e.len];
+        f.read_exact_at(&mut b, e.offset as u64)
+            .map_err(|e2| Error::io(path, e2))?;
+        let dtype =
+            StDtype::parse(&e.dtype).ok_or_else(|| Error::Msg(format!("bad dtype {}", e.dtype)))?;
+        tensors.push((e.name.clone(), dtype, e.shape.clone(), b));
+    }
+    Ok(LayerData::pack(tensors))
+}
+
+/// A layer's data for one pass: pinned (shared) or streamed (owned for this use).
+pub enum LayerRef {
+    /// Resident for the whole run.
+    Pinned(Arc<LayerData>),
+    /// Read for this pass; its buffer returns to the pool when dropped.
+    Streamed(LayerData),
+}
+
+impl std::ops::Deref for LayerRef {
+    type Target = LayerData;
+    fn deref(&self) -> &LayerData {
+        match self {
+            LayerRef::Pinned(a) => a,
+            LayerRef::Streamed(d) => d,
+        }
+    }
+}
+
+/// The spine of a model.
+pub struct Spine {
+    inner: Arc<Inner>,
+    device: Device,
+    pinned: Vec<Option<Arc<LayerData>>>,
+    layer_bytes: Vec<u64>,
+    global: LayerData,
+    embed: (Option<std::fs::File>, Entry),
+    in_flight: usize,
+}
+
+impl Spine {
+    /// Opens the spine of the model in `root` (whose shards `inv` describes).
+    pub fn open(
+        root: &Path,
+        inv: Arc<Inventory>,
+        num_layers: usize,
+        device: &Device,
+        opts: &SpineOptions,
+    ) -> Result<Spine> {
+        let complete = |f: SpineFormat| {
+            let d = store_dir(root, f);
+            (0..num_layers).all(|l| is_complete(&d.join(format!("layer-{l:03}.bin"))))
+                && is_complete(&d.join("global.bin"))
+                && is_complete(&d.join("embed.bin"))
+        };
+        let (backing, format) = match opts.choice {
+            SpineChoice::Int8 if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
+            SpineChoice::Int8 => {
+                return Err(Error::Msg(format!(
+                    "no complete row-int8 spine in {}: run `deltafin convert-spine-int8 --model-root {}` first",
+                    store_dir(root, SpineFormat::Int8).display(),
+                    root.display()
+                )))
+            }
+            SpineChoice::Auto if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
+            _ if complete(SpineFormat::Bf16) => (Backing::Files(store_dir(root, SpineFormat::Bf16)), SpineFormat::Bf16),
+            _ => (Backing::Shards(ShardSpine::new(inv.clone(), Device::Cpu)), SpineFormat::Bf16),
+        };
+        let inner = Arc::new(Inner {
+            backing,
+            inv: inv.clone(),
+            format,
+            pool: BufPool::new(opts.in_flight.max(1) + 1),
+        });
+        let layer_bytes: Vec<u64> = (0..num_layers)
+            .map(|l| match &inner.backing {
+                Backing::Files(_) => std::fs::metadata(inner.layer_path(l))
+                    .map(|m| m.len())
+                    .unwrap_or(0),
+                Backing::Shards(_) => layer_names(&inv, l)
+                    .iter()
+                    .filter_map(|n| inv.get(n))
+                    .map(|t| t.len())
+                    .sum(),
+            })
+            .collect();
+        let pin =
+            super::budget::choose_pinned(&layer_bytes, opts.resident_bytes.unwrap_or(u64::MAX));
+        let mut pinned = Vec::with_capacity(num_layers);
+        for (l, p) in pin.iter().enumerate() {
+            pinned.push(if *p {
+                Some(Arc::new(inner.load(l)?))
+            } else {
+                None
+            });
+        }
+        let (global, embed) = match &inner.backing {
+            Backing::Files(d) => {
+                let pool = BufPool::new(1);
+                let g = read_file(&d.join("global.bin"), &pool)?;
+                let ep = d.join("embed.bin");
+                let f = std::fs::File::open(&ep).map_err(|e| Error::io(&ep, e))?;
+                let len = f.metadata().map_err(|e| Error::io(&ep, e))?.len() as usize;
+                let mut head = vec![0u8; 4096.min(len)];
+                f.read_exact_at(&mut head, 0)
+                    .map_err(|e| Error::io(&ep, e))?;
+                let e = parse_header(&head, len, &ep)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| Error::Msg(format!("{}: no embedding tensor", ep.display())))?;
+                (g, (Some(f), e))
+            }
+            Backing::Shards(s) => {
+                let g = pack_from_shards(s, &global_names(&inv), &inv.prefix, |_| true)?;
+                let name = inv.name("model.embed_tokens.weight");
+                let t = inv.get(&name).ok_or_else(|| Error::Tensor {
+                    name: name.clone(),
+                    msg: "missing".into(),
+                })?;
+                let f = std::fs::File::open(inv.shard_path(t.shard))
+                    .map_err(|e| Error::io(inv.shard_path(t.shard), e))?;
+                let e = Entry {
+                    name,
+                    dtype: t.dtype.as_str().into(),
+                    shape: t.shape.clone(),
+                    offset: t.start as usize,
+                    len: t.len() as usize,
+                    checksum: 0,
+                };
+                (g, (Some(f), e))
+            }
+        };
+        Ok(Spine {
+            inner,
+            device: device.clone(),
+            pinned,
+            layer_bytes,
+            global,
+            embed,
+            in_flight: opts.in_flight.max(1),
+        })
+    }
+
+    /// The device small tensors are placed on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The format in use.
+    pub fn format(&self) -> SpineFormat {
+        self.inner.format
+    }
+
+    /// Whether the spine comes from a converted store (rather than the shards).
+    pub fn from_store(&self) -> bool {
+        matches!(self.inner.backing, Backing::Files(_))
+    }
+
+    /// The small tensors of layer `l` (norms, conv weights, gates' parameters), read once.
+    pub fn small(&self, l: usize) -> Result<LayerData> {
+        match &self.inner.backing {
+            Backing::Files(_) => small_from_file(&self.inner.layer_path(l)),
+            Backing::Shards(s) => pack_from_shards(
+                s,
+                &layer_names(&self.inner.inv, l),
+                &self.inner.inv.layer_name(l, ""),
+                is_small,
+            ),
+        }
+    }
+
+    /// The tail tensors (final norm, output AttnRes, lm_head), resident.
+    pub fn global(&self) -> &LayerData {
+        &self.global
+    }
+
+    /// Embedding rows `ids` as f32 `[ids.len(), H]`.
+    pub fn embed_rows(&self, ids: &[u32]) -> Result<Tensor> {
+        let (f, e) = &self.embed;
+        let (rows, cols) = (e.shape[0], e.shape.get(1).copied().unwrap_or(0));
+        let dtype =
+            StDtype::parse(&e.dtype).ok_or_else(|| Error::Msg("bad embedding dtype".into()))?;
+        let rb = cols * dtype.size() as usize;
+        let mut out = Vec::with_capacity(ids.len() * cols);
+        let mut buf = vec![0u8; rb];
+        for &id in ids {
+            if id as usize >= rows {
+                return Err(Error::Msg(format!(
+                    "token id {id} is outside the embedding (0..{rows})"
+                )));
+            }
+            let file = f
+                .as_ref()
+                .ok_or_else(|| Error::Msg("embedding file not open".into()))?;
+            file.read_exact_at(&mut buf, (e.offset + id as usize * rb) as u64)
+                .map_err(|err| Error::Msg(format!("reading embedding row {id}: {err}")))?;
+            out.extend(to_f32(&buf, dtype, &e.name)?);
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), cols), &self.device)?)
+    }
+
+    /// Layers pinned / streamed, and bytes read per token.
+    pub fn report(&self) -> SpineReport {
+        let pinned = self.pinned.iter().filter(|p| p.is_some()).count();
+        let streamed_bytes = self
+            .pinned
+            .iter()
+            .zip(&self.layer_bytes)
+            .filter(|(p, _)| p.is_none())
+            .map(|(_, b)| *b)
+            .sum();
+        SpineReport {
+            format: self.inner.format,
+            from_store: self.from_store(),
+            layers_pinned: pinned,
+            layers_streamed: self.pinned.len() - pinned,
+            resident_bytes: self.layer_bytes.iter().sum::<u64>() - streamed_bytes,
+            bytes_read_per_token: streamed_bytes,
+        }
+    }
+
+    /// Starts a forward pass: streamed layers are read ahead in layer order.
+    pub fn pass(&self) -> Pass<'_> {
+        let streamed: Vec<usize> = (0..self.pinned.len())
+            .filter(|&l| self.pinned[l].is_none())
+            .collect();
+        if streamed.is_empty() {
+            return Pass {
+                spine: self,
+                rx: None,
+                thread: None,
+            };
+        }
+        let (tx, rx) = sync_channel(self.in_flight.saturating_sub(2));
+        let inner = self.inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("spine-loader".into())
+            .spawn(move || {
+                for l in streamed {
+                    if tx.send((l, inner.load(l))).is_err() {
+                        return;
+                    }
+                }
+            })
+            .ok();
+        Pass {
+            spine: self,
+            rx: Some(rx),
+            thread,
+        }
+    }
+}
+
+/// What the spine looks like at startup.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SpineReport {
+    /// bf16 or int8.
+    #[serde(serialize_with = "ser_format")]
+    pub format: SpineFormat,
+    /// From the converted store (else the shards).
+    pub from_store: bool,
+    /// Layers pinned in RAM.
+    pub layers_pinned: usize,
+    /// Layers streamed every token.
+    pub layers_streamed: usize,
+    /// Bytes of pinned layers.
+    pub resident_bytes: u64,
+    /// Spine bytes read per token.
+    pub bytes_read_per_token: u64,
+}
+
+fn ser_format<S: serde::Serializer>(f: &SpineFormat, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(f.dir_name())
+}
+
+/// One forward pass over the layers.
+pub struct Pass<'a> {
+    spine: &'a Spine,
+    rx: Option<Receiver<(usize, Result<LayerData>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pass<'_> {
+    /// Layer `l`'s data; streamed layers must be asked for in layer order.
+    pub fn layer(&mut self, l: usize) -> Result<LayerRef> {
+        if let Some(Some(p)) = self.spine.pinned.get(l) {
+            return Ok(LayerRef::Pinned(p.clone()));
+        }
+        let rx = self
+            .rx
+            .as_ref()
+            .ok_or_else(|| Error::Msg(format!("layer {l} is not available")))?;
+        let (got, data) = rx
+            .recv()
+            .map_err(|_| Error::Msg("the spine loader stopped".into()))?;
+        if got != l {
+            return Err(Error::Msg(format!(
+                "spine loader delivered layer {got}, the model asked for {l}"
+            )));
+        }
+        Ok(LayerRef::Streamed(data?))
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        self.rx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
