@@ -39,6 +39,18 @@ pub enum Command {
     },
     /// Generate greedily from token ids and print the result.
     Run(run::RunArgs),
+    /// Convert the spine to row-int8 (resumable; the model then uses it automatically).
+    ConvertSpineInt8 {
+        /// Model directory (a plain checkpoint or an installed model root).
+        #[arg(long)]
+        model_root: PathBuf,
+    },
+    /// Write the BF16 spine store (one sequential read per layer; the original bytes).
+    ConvertSpine {
+        /// Model directory.
+        #[arg(long)]
+        model_root: PathBuf,
+    },
     /// Benchmarks.
     Bench {
         /// Which benchmark.
@@ -192,6 +204,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Run(a) => run::run(&a)?,
+        Command::ConvertSpineInt8 { model_root } => {
+            convert(&model_root, crate::spine::convert::SpineFormat::Int8)?
+        }
+        Command::ConvertSpine { model_root } => {
+            convert(&model_root, crate::spine::convert::SpineFormat::Bf16)?
+        }
         Command::Bench { kind } => match kind {
             BenchKind::Experts {
                 model_root,
@@ -243,5 +261,28 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
     }
+    Ok(())
+}
+
+fn convert(
+    root: &std::path::Path,
+    format: crate::spine::convert::SpineFormat,
+) -> anyhow::Result<()> {
+    let cfg = K3Config::from_file(&root.join("config.json"))?;
+    let inv = Inventory::from_dir(root)?;
+    let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "converting spine [{bar:30}] {pos}/{len} files, eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let dir =
+        crate::spine::convert::convert_spine(&inv, cfg.num_layers(), root, format, |done, _| {
+            bar.set_position(done as u64)
+        })?;
+    bar.finish_and_clear();
+    eprintln!("spine ({}) written to {}", format.dir_name(), dir.display());
     Ok(())
 }

@@ -273,10 +273,7 @@ mod tests {
                     let mag: f64 = (0..cols)
                         .map(|c| (m.get(r, c) as f64 * xs[tt * cols + c] as f64).abs())
                         .sum();
-                    assert!(
-                        (*got as f64 - exact).abs() <= 1e-5 * mag + 1e-6,
-                        "{data:?}"
-                    );
+                    assert!((*got as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "{data:?}");
                 }
             }
         }
