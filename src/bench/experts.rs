@@ -57,7 +57,7 @@ impl Drop for Aligned {
 }
 
 /// Sequential O_DIRECT read of `[start, end)` of `path` in 16 MiB requests; returns GB/s.
-fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
+pub(crate) fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
     const CHUNK: usize = 16 << 20;
     let f = std::fs::OpenOptions::new()
         .read(true)

@@ -95,6 +95,15 @@ pub enum FixtureKind {
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchKind {
+    /// Cold spine layer loads (BF16 and int8) vs raw reads, and the share hidden by read-ahead.
+    Spine {
+        /// Model directory (the K3-slice fixture; the spine stores are converted if missing).
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Cold expert reads through the tiered store vs raw O_DIRECT sequential reads (K3-slice).
     Experts {
         /// Model directory (the K3-slice fixture).
@@ -211,6 +220,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             convert(&model_root, crate::spine::convert::SpineFormat::Bf16)?
         }
         Command::Bench { kind } => match kind {
+            BenchKind::Spine { model_root, runs } => {
+                crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
+            }
             BenchKind::Experts {
                 model_root,
                 per_layer,

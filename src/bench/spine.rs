@@ -1,0 +1,129 @@
+//! `bench spine`: cold per-layer loads of the spine store (BF16 and row-int8) against raw
+//! `O_DIRECT` reads of the same files, and how much of the load the read-ahead hides behind
+//! compute.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::experts::raw_read;
+use super::Stats;
+use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::experts::{drop_from_page_cache_all, BufPool, TieredExperts, TieredOptions};
+use crate::spine::convert::{convert_spine, store_dir, SpineFormat};
+use crate::spine::layer::read_file;
+use crate::spine::source::{Spine, SpineChoice, SpineOptions};
+use crate::{K3Config, K3Model, Result};
+
+/// Runs the benchmark on a K3-format checkpoint (the K3-slice fixture); converts the spine
+/// stores first when they are missing.
+pub fn spine_bench(dir: &Path, runs: usize, mut emit: impl FnMut(serde_json::Value)) -> Result<()> {
+    let cfg = K3Config::from_file(&dir.join("config.json"))?;
+    let inv = Arc::new(Inventory::from_dir(dir)?);
+    let n = cfg.num_layers();
+    for format in [SpineFormat::Bf16, SpineFormat::Int8] {
+        let t0 = Instant::now();
+        convert_spine(&inv, n, dir, format, |_, _| {})?;
+        emit(
+            serde_json::json!({"bench": "spine", "format": format.dir_name(), "convert_or_check_s": t0.elapsed().as_secs_f64()}),
+        );
+        let sd = store_dir(dir, format);
+        let pool = BufPool::new(2);
+        let (mut load, mut raw, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        let mut total_bytes = 0u64;
+        for _ in 0..runs.max(1) {
+            let (mut lt, mut rt, mut bytes) = (0f64, 0f64, 0u64);
+            for l in 0..n {
+                let p = sd.join(format!("layer-{l:03}.bin"));
+                let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+                drop_from_page_cache_all(&p)?;
+                let t = Instant::now();
+                std::hint::black_box(read_file(&p, &pool)?);
+                lt += t.elapsed().as_secs_f64();
+                drop_from_page_cache_all(&p)?;
+                rt += len as f64 / 1e9 / raw_read(&p, 0, len)?;
+                bytes += len;
+            }
+            total_bytes = bytes;
+            load.push(bytes as f64 / 1e9 / lt);
+            raw.push(bytes as f64 / 1e9 / rt);
+            ratio.push(rt / lt);
+        }
+        let (l, r, q) = (Stats::of(load), Stats::of(raw), Stats::of(ratio));
+        emit(
+            serde_json::json!({"figure": "layer_load_gbps", "format": format.dir_name(), "layers": n,
+            "bytes": total_bytes, "ms_per_layer": total_bytes as f64 / 1e6 / n as f64 / l.median,
+            "median": l.median, "min": l.min, "max": l.max}),
+        );
+        emit(
+            serde_json::json!({"figure": "raw_read_gbps", "format": format.dir_name(), "median": r.median, "min": r.min, "max": r.max,
+            "load_to_raw_median": q.median, "load_to_raw_min": q.min, "load_to_raw_max": q.max}),
+        );
+    }
+    // Hidden fraction: one token with every layer pinned (compute only) vs every layer streamed
+    // (compute + loads, read ahead), against the cold load time of the layers alone.
+    let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
+    let experts = Arc::new(TieredExperts::new(
+        index,
+        Some(inv.clone()),
+        None,
+        &TieredOptions {
+            ram_budget: 8 << 30,
+            ..Default::default()
+        },
+    )?);
+    let open = |resident: Option<u64>| -> Result<K3Model> {
+        let o = SpineOptions {
+            choice: SpineChoice::Bf16,
+            resident_bytes: resident,
+            in_flight: 2,
+        };
+        let spine = Spine::open(dir, inv.clone(), n, &candle::Device::Cpu, &o)?;
+        K3Model::load(cfg.clone(), Arc::new(spine), experts.clone())
+    };
+    let sd = store_dir(dir, SpineFormat::Bf16);
+    let drop_all = || -> Result<()> {
+        for l in 0..n {
+            drop_from_page_cache_all(&sd.join(format!("layer-{l:03}.bin")))?;
+        }
+        Ok(())
+    };
+    let token = |m: &K3Model| -> Result<f64> {
+        let mut st = m.new_state();
+        let t = Instant::now();
+        m.forward(&[1], &mut st)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let pinned = open(None)?;
+    token(&pinned)?; // warms the expert RAM tier
+    let (mut comp, mut streamed, mut loads, mut hidden) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let streaming = open(Some(0))?;
+    let pool = BufPool::new(1);
+    for _ in 0..runs.max(1) {
+        let c = token(&pinned)?;
+        drop_all()?;
+        let s = token(&streaming)?;
+        drop_all()?;
+        let t = Instant::now();
+        for l in 0..n {
+            std::hint::black_box(read_file(&sd.join(format!("layer-{l:03}.bin")), &pool)?);
+        }
+        let ld = t.elapsed().as_secs_f64();
+        comp.push(c * 1e3);
+        streamed.push(s * 1e3);
+        loads.push(ld * 1e3);
+        hidden.push((1.0 - (s - c) / ld).clamp(0.0, 1.0));
+    }
+    let (c, s, l, h) = (
+        Stats::of(comp),
+        Stats::of(streamed),
+        Stats::of(loads),
+        Stats::of(hidden),
+    );
+    emit(
+        serde_json::json!({"figure": "token_ms", "pinned_median": c.median, "streamed_median": s.median,
+        "cold_loads_median": l.median, "hidden_fraction_median": h.median, "hidden_min": h.min, "hidden_max": h.max}),
+    );
+    Ok(())
+}
