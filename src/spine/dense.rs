@@ -120,6 +120,34 @@ impl<'a> DenseMatrix<'a> {
         }
     }
 
+    /// The stored value at `[r, c]` before the row scale (int8: `q`; otherwise the weight).
+    #[inline(always)]
+    pub fn get_raw(&self, r: usize, c: usize) -> f32 {
+        let i = r * self.cols + c;
+        match self.data {
+            DenseData::F32(b) => {
+                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+            }
+            DenseData::Bf16(b) => {
+                f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
+            }
+            DenseData::I8 { q, .. } => q[i] as i8 as f32,
+        }
+    }
+
+    /// `out[t] = W[r] · xs[t]` with the fastest kernel (all kernels agree bit for bit).
+    pub fn dot_row_multi(&self, r: usize, xs: &[&[f32]], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if use_avx512() {
+            // SAFETY: AVX-512F was detected; sizes were checked by the caller.
+            unsafe { super::dense_x86::dot_row_multi(self, r, xs, out) };
+            return;
+        }
+        for (o, x) in out.iter_mut().zip(xs) {
+            *o = self.dot_row(r, x);
+        }
+    }
+
     /// The element `W[r, c]` as f32 (reference path).
     pub fn get(&self, r: usize, c: usize) -> f32 {
         let i = r * self.cols + c;
@@ -145,6 +173,15 @@ impl<'a> DenseMatrix<'a> {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+fn use_avx512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::is_x86_feature_detected!("avx512f")
+            && std::env::var_os("DELTAFIN_PORTABLE_DENSE").is_none()
+    })
+}
+
 /// Least work (weight bytes × rows of input) worth splitting across threads.
 const PARALLEL_MIN_BYTES: usize = 256 << 10;
 const ROW_TILE: usize = 32;
@@ -161,13 +198,16 @@ pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()>
         )));
     }
     let rows = m.rows;
+    let xr: Vec<&[f32]> = xs.chunks(m.cols.max(1)).collect();
     let work = |tile: usize, out: &mut [f32]| {
         // out holds rows tile*ROW_TILE.. for every t: [t][n]
         let r0 = tile * ROW_TILE;
         let n = ROW_TILE.min(rows - r0);
+        let mut one = vec![0f32; t];
         for k in 0..n {
+            m.dot_row_multi(r0 + k, &xr, &mut one);
             for tt in 0..t {
-                out[tt * n + k] = m.dot_row(r0 + k, &xs[tt * m.cols..(tt + 1) * m.cols]);
+                out[tt * n + k] = one[tt];
             }
         }
     };
@@ -278,5 +318,25 @@ mod tests {
             }
         }
         assert!(DenseMatrix::new(DenseData::Bf16(&bf[1..]), rows, cols).is_err());
+        // The SIMD kernel equals the portable one bit for bit.
+        for data in [
+            DenseData::F32(&f),
+            DenseData::Bf16(&bf),
+            DenseData::I8 { q: &q, scales: &sc },
+        ] {
+            let m = DenseMatrix::new(data, rows, cols).unwrap();
+            let xr: Vec<&[f32]> = xs.chunks(cols).collect();
+            for r in 0..rows {
+                let mut multi = vec![0f32; t];
+                m.dot_row_multi(r, &xr, &mut multi);
+                for (tt, v) in multi.iter().enumerate() {
+                    assert_eq!(
+                        v.to_bits(),
+                        m.dot_row(r, xr[tt]).to_bits(),
+                        "row {r} input {tt}"
+                    );
+                }
+            }
+        }
     }
 }

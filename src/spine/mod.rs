@@ -4,6 +4,8 @@
 pub mod budget;
 pub mod convert;
 pub mod dense;
+#[cfg(target_arch = "x86_64")]
+mod dense_x86;
 pub mod layer;
 pub mod source;
 

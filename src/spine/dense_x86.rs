@@ -1,0 +1,74 @@
+//! AVX-512 twin of the dense row kernel: the same 16 lanes (`acc[j] += w·x`, a multiply then an
+//! add, never fused), the same tail and the same tree, so results equal the portable kernel bit
+//! for bit. Each 16-column chunk of weights is widened once for all input rows.
+
+use std::arch::x86_64::*;
+
+use super::dense::{DenseData, DenseMatrix};
+
+const LANES: usize = 16;
+
+#[inline(always)]
+fn tree(acc: &mut [f32; LANES]) -> f32 {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+#[inline(always)]
+unsafe fn widen(data: &DenseData, r: usize, cols: usize, c: usize) -> __m512 {
+    match *data {
+        DenseData::F32(b) => _mm512_loadu_ps(b.as_ptr().add(4 * (r * cols + c)) as *const f32),
+        DenseData::Bf16(b) => {
+            let h = _mm256_loadu_si256(b.as_ptr().add(2 * (r * cols + c)) as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+        }
+        DenseData::I8 { q, .. } => {
+            let v = _mm_loadu_si128(q.as_ptr().add(r * cols + c) as *const __m128i);
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
+        }
+    }
+}
+
+/// `out[t] = W[r] · xs[t]` for every input row.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `xs` rows have `m.cols` values and `out` one per row.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn dot_row_multi(m: &DenseMatrix, r: usize, xs: &[&[f32]], out: &mut [f32]) {
+    const T: usize = 4;
+    let cols = m.cols;
+    let full = cols - cols % LANES;
+    let mut t0 = 0;
+    while t0 < xs.len() {
+        let nt = (xs.len() - t0).min(T);
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut c = 0;
+        while c < full {
+            let w = widen(&m.data, r, cols, c);
+            for t in 0..nt {
+                let x = _mm512_loadu_ps(xs[t0 + t].as_ptr().add(c));
+                acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(w, x));
+            }
+            c += LANES;
+        }
+        for t in 0..nt {
+            let mut a = [0f32; LANES];
+            _mm512_storeu_ps(a.as_mut_ptr(), acc[t]);
+            for (j, aj) in a.iter_mut().enumerate().take(cols - full) {
+                *aj += m.get_raw(r, full + j) * xs[t0 + t][full + j];
+            }
+            let mut v = tree(&mut a);
+            if let DenseData::I8 { scales, .. } = m.data {
+                v *= half::f16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]).to_f32();
+            }
+            out[t0 + t] = v;
+        }
+        t0 += nt;
+    }
+}
