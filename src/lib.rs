@@ -30,6 +30,7 @@ pub mod model;
 pub mod mxfp4;
 pub mod progress;
 pub mod spine;
+pub mod tokenizer;
 
 pub use config::K3Config;
 pub use error::{Error, Result};

@@ -1,0 +1,153 @@
+use super::*;
+use crate::checkpoint::tiktoken_fixture::train_ranks;
+
+fn fixture_tok() -> Tokenizer {
+    let ranks = train_ranks(240);
+    let n = ranks.len() as u32;
+    let specials = vec![
+        ("[BOS]".to_string(), n),
+        ("<|end_of_msg|>".to_string(), n + 2),
+        ("<|open|>".to_string(), n + 3),
+    ];
+    Tokenizer::new(ranks, specials, K3_PATTERN).unwrap()
+}
+
+fn pieces(t: &Tokenizer, s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < s.len() {
+        let m = t.regex.find_from_pos(s, pos).unwrap().unwrap();
+        out.push(m.as_str().to_string());
+        pos = m.end();
+    }
+    out
+}
+
+#[test]
+fn k3_split_rule_hand_checked() {
+    let t = fixture_tok();
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "The capital of France is",
+            &["The", " capital", " of", " France", " is"],
+        ),
+        ("Hello\n\nworld  ", &["Hello", "\n\n", "world", "  "]),
+        ("a  b", &["a", " ", " b"]),
+        ("x\n\n  y", &["x", "\n\n", " ", " y"]),
+        ("北京是中国的首都。", &["北京是中国的首都", "。"]),
+        ("I'm HELLO's", &["I'm", " HELLO's"]),
+        ("12345", &["123", "45"]),
+        ("a <|open|> b", &["a", " <|", "open", "|>", " b"]),
+        ("fn main() {}", &["fn", " main", "()", " {}"]),
+        ("tab\there", &["tab", "\there"]),
+    ];
+    for (text, want) in cases {
+        assert_eq!(pieces(&t, text), *want, "{text:?}");
+    }
+}
+
+/// A plain reference of tiktoken's rule: merge the lowest-ranked adjacent pair, leftmost first.
+fn reference_bpe(t: &Tokenizer, piece: &[u8]) -> Vec<u32> {
+    let mut parts: Vec<Vec<u8>> = piece.iter().map(|b| vec![*b]).collect();
+    loop {
+        let mut best: Option<(u32, usize)> = None;
+        for i in 0..parts.len().saturating_sub(1) {
+            let m: Vec<u8> = parts[i].iter().chain(&parts[i + 1]).copied().collect();
+            if let Some(&r) = t.ranks.get(&m) {
+                if best.map(|(br, _)| r < br).unwrap_or(true) {
+                    best = Some((r, i));
+                }
+            }
+        }
+        let Some((_, i)) = best else { break };
+        let right = parts.remove(i + 1);
+        parts[i].extend(right);
+    }
+    parts.iter().map(|p| t.ranks[p]).collect()
+}
+
+#[test]
+fn bpe_matches_reference_and_round_trips() {
+    let t = fixture_tok();
+    let texts = [
+        "The capital of France is Paris. The Eiffel Tower is located in Paris.",
+        "Streaming experts from the disk keeps the memory small!!  \n\n\tOK",
+        "Les élèves étudient à l'école. 北京是中国的首都。 🙂🙃 12345678",
+        "",
+        "    leading spaces and trailing   ",
+    ];
+    for text in texts {
+        let ids = t.encode_ordinary(text);
+        assert_eq!(t.decode(&ids), text);
+        let mut want = Vec::new();
+        for p in pieces(&t, text) {
+            want.extend(reference_bpe(&t, p.as_bytes()));
+        }
+        assert_eq!(ids, want, "{text:?}");
+    }
+}
+
+#[test]
+fn specials_only_when_allowed() {
+    let t = fixture_tok();
+    let n = t.num_ranks();
+    let with = t.encode("a <|open|> b [BOS] c", true);
+    assert!(with.contains(&(n + 3)) && with.contains(&n));
+    assert_eq!(t.decode(&with), "a <|open|> b [BOS] c");
+    let without = t.encode("a <|open|> b [BOS] c", false);
+    assert!(
+        without.iter().all(|&i| i < n),
+        "user text never yields special ids"
+    );
+    assert_eq!(t.decode(&without), "a <|open|> b [BOS] c");
+    // The segments around a special are encoded separately.
+    let ids = t.encode("ab<|open|>cd", true);
+    let pos = ids.iter().position(|&i| i == n + 3).unwrap();
+    assert_eq!(t.decode(&ids[..pos]), "ab");
+    assert_eq!(t.decode(&ids[pos + 1..]), "cd");
+    assert_eq!(t.special_id("<|end_of_msg|>"), Some(n + 2));
+}
+
+#[test]
+fn stream_decoder_never_splits_a_code_point() {
+    let t = fixture_tok();
+    let text = "é北🙂x";
+    // Force one byte per token.
+    let ids: Vec<u32> = text.bytes().map(u32::from).collect();
+    let mut d = StreamDecoder::new();
+    let mut out = String::new();
+    for id in ids {
+        let s = d.push(&t, id);
+        assert!(!s.contains('\u{FFFD}'));
+        out.push_str(&s);
+    }
+    out.push_str(&d.finish());
+    assert_eq!(out, text);
+    // A stray continuation byte is emitted as U+FFFD, not held forever.
+    let mut d = StreamDecoder::new();
+    assert_eq!(d.push(&t, 0x80), "\u{FFFD}");
+    assert_eq!(d.push(&t, b'a' as u32), "a");
+}
+
+#[test]
+fn safety_chunks_split_long_runs() {
+    let s = " ".repeat(60_000) + "abc";
+    let chunks = safety_chunks(&s);
+    assert!(chunks.len() >= 3);
+    assert_eq!(chunks.concat(), s);
+    assert!(chunks
+        .iter()
+        .all(|c| c.chars().count() <= 25_000 || !c.starts_with(' ')));
+}
+
+#[test]
+fn ranks_file_errors_name_the_line() {
+    assert!(parse_ranks("QQ== 0\nnot-base64!! 1\n", "x")
+        .unwrap_err()
+        .to_string()
+        .contains("line 2"));
+    assert!(parse_ranks("QQ== 1\n", "x")
+        .unwrap_err()
+        .to_string()
+        .contains("rank 0"));
+}

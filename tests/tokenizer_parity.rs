@@ -1,0 +1,83 @@
+//! Our tokenizer loaded with OpenAI's cl100k_base and o200k_base ranks (shipped by tiktoken-rs)
+//! and their split patterns gives exactly tiktoken-rs's ids on a large varied corpus.
+
+use deltafin::checkpoint::rng::Rng;
+use deltafin::tokenizer::Tokenizer;
+
+const CL100K: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const O200K: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"|\s*[\r\n]+",
+    r"|\s+(?!\S)",
+    r"|\s+",
+);
+
+fn ranks_of(bpe: &tiktoken_rs::CoreBPE, n: u32) -> Vec<Vec<u8>> {
+    bpe._decode_native_and_split((0..n).collect()).collect()
+}
+
+fn corpus() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "fn main() {\n    let x = vec![1, 2, 3];\n    println!(\"{:?}\", x);\n}\n",
+        "def f(a, b):\n\treturn a**2 + b  # comment\n\n\n",
+        "北京是中国的首都。東京は日本の首都です。서울은 한국의 수도입니다.",
+        "Emoji: 🙂🙃👩‍👩‍👧‍👦 🇫🇷 — done…",
+        "   \n\n\t\t  \r\n   trailing spaces    ",
+        "Numbers 1234567890 3.14159265358979 1,000,000 0x1F 2026-11-30",
+        "<|endoftext|> <|open|> [BOS] <|im_start|>user<|im_end|>",
+        "I'm sure they'll say it's FINE, don't you think? HE'S HERE. We'VE seen",
+        "ÀÉÎÕÜ àéîõü ßẞ ǅ ǈ Ǳ mixed CamelCaseWords andSnake_case_words",
+        "https://example.com/path/to/file.tar.gz?query=1&x=y#frag",
+        "",
+        "a",
+        " ",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Random mixtures of the interesting character classes.
+    let alphabet: Vec<char> = "aZ 09\n\t\r'’é北🙂.,;:!?-_/\\()[]{}<|>ǅ\u{301}\u{200d}ß"
+        .chars()
+        .collect();
+    let mut rng = Rng::new(2026);
+    for _ in 0..2000 {
+        let n = rng.below(40) as usize;
+        v.push(
+            (0..n)
+                .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
+                .collect(),
+        );
+    }
+    v.push(" ".repeat(30_000) + "x" + &"9".repeat(1000));
+    v
+}
+
+fn check(bpe: tiktoken_rs::CoreBPE, n: u32, pattern: &str) {
+    let ours = Tokenizer::new(ranks_of(&bpe, n), vec![], pattern)
+        .unwrap()
+        .with_safety_split(false);
+    for text in corpus() {
+        let want = bpe.encode_ordinary(&text);
+        let got = ours.encode_ordinary(&text);
+        assert_eq!(
+            got,
+            want,
+            "{:?}",
+            &text.chars().take(80).collect::<String>()
+        );
+        assert_eq!(ours.decode(&got), text);
+    }
+}
+
+#[test]
+fn cl100k_parity() {
+    check(tiktoken_rs::cl100k_base().unwrap(), 100_256, CL100K);
+}
+
+#[test]
+fn o200k_parity() {
+    check(tiktoken_rs::o200k_base().unwrap(), 199_998, O200K);
+}
