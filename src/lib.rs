@@ -19,6 +19,7 @@
 #![recursion_limit = "256"]
 
 pub mod bench;
+pub mod chat;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

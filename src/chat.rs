@@ -1,0 +1,402 @@
+//! The K3 chat format ("XTML", spec §4.2): segment-wise rendering (each segment BPE-encoded
+//! separately; only control segments may contain special tokens), and the streaming splitter
+//! that turns generated text into `reasoning_content` and `content` deltas.
+
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// One rendered piece.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    /// Special tokens allowed (`<|open|>`, `<|sep|>`, ...).
+    Control(String),
+    /// Ordinary text: special spellings are plain text here.
+    Text(String),
+}
+
+/// A chat message.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Text content.
+    #[serde(default)]
+    pub content: String,
+    /// Assistant reasoning (rendered in the think block when thinking is on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Optional author name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Tool name for `tool` messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+}
+
+impl Message {
+    /// A message with a role and content.
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Reasoning effort (`medium` is not accepted, as in K3's renderer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    /// low
+    Low,
+    /// high
+    High,
+    /// max (the default)
+    Max,
+}
+
+impl Effort {
+    /// Parses `low`, `high` or `max`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "low" => Ok(Effort::Low),
+            "high" => Ok(Effort::High),
+            "max" => Ok(Effort::Max),
+            other => Err(Error::Msg(format!(
+                "reasoning effort `{other}` is not accepted (use low, high or max)"
+            ))),
+        }
+    }
+
+    /// The request value, else `K3_REASONING_EFFORT`, else `max`.
+    pub fn resolve(request: Option<&str>) -> Result<Self> {
+        match request {
+            Some(r) => Self::parse(r),
+            None => match std::env::var("K3_REASONING_EFFORT") {
+                Ok(v) if !v.is_empty() => Self::parse(&v),
+                _ => Ok(Effort::Max),
+            },
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::High => "high",
+            Effort::Max => "max",
+        }
+    }
+}
+
+/// Rendering options.
+#[derive(Debug, Clone)]
+pub struct ChatOptions {
+    /// Thinking on (a think block opens the reply) or off (the reply opens with `response`).
+    pub thinking: bool,
+    /// Reasoning effort, rendered when thinking is on.
+    pub effort: Option<Effort>,
+    /// Tools as JSON Schema declarations.
+    pub tools: Option<serde_json::Value>,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions {
+            thinking: true,
+            effort: Some(Effort::Max),
+            tools: None,
+        }
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('&', "&amp;").replace('"', "&quot;")
+}
+
+fn open_tag(out: &mut Vec<Segment>, tag: &str, attrs: &[(&str, &str)]) {
+    out.push(Segment::Control("<|open|>".into()));
+    out.push(Segment::Text(tag.into()));
+    for (k, v) in attrs {
+        out.push(Segment::Text(format!(" {k}")));
+        out.push(Segment::Text("=\"".into()));
+        out.push(Segment::Text(escape(v)));
+        out.push(Segment::Text("\"".into()));
+    }
+    out.push(Segment::Control("<|sep|>".into()));
+}
+
+fn close_tag(out: &mut Vec<Segment>, tag: &str) {
+    out.push(Segment::Control("<|close|>".into()));
+    out.push(Segment::Text(tag.into()));
+    out.push(Segment::Control("<|sep|>".into()));
+}
+
+fn end_of_message(out: &mut Vec<Segment>) {
+    out.push(Segment::Control("<|end_of_msg|>".into()));
+}
+
+/// Renders a conversation and the generation prompt into segments.
+pub fn render(messages: &[Message], opts: &ChatOptions) -> Result<Vec<Segment>> {
+    let mut out = Vec::new();
+    if let Some(tools) = &opts.tools {
+        open_tag(
+            &mut out,
+            "message",
+            &[("role", "system"), ("type", "tool-declare")],
+        );
+        // serde_json maps are sorted by key, and to_string is compact (`,` and `:`).
+        let json = serde_json::to_string(tools).map_err(|e| Error::Msg(e.to_string()))?;
+        out.push(Segment::Text(format!(
+            "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{json}\n```"
+        )));
+        close_tag(&mut out, "message");
+        end_of_message(&mut out);
+    }
+    if opts.thinking {
+        if let Some(e) = opts.effort {
+            open_tag(
+                &mut out,
+                "message",
+                &[("role", "system"), ("type", "thinking-effort")],
+            );
+            out.push(Segment::Text(format!(
+                "`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort={}`.",
+                e.as_str()
+            )));
+            close_tag(&mut out, "message");
+            end_of_message(&mut out);
+        }
+    }
+    for m in messages {
+        match m.role.as_str() {
+            "user" | "system" => {
+                let mut attrs = vec![("role", m.role.as_str())];
+                if let Some(n) = &m.name {
+                    attrs.push(("name", n.as_str()));
+                }
+                open_tag(&mut out, "message", &attrs);
+                out.push(Segment::Text(m.content.clone()));
+            }
+            "assistant" => {
+                open_tag(&mut out, "message", &[("role", "assistant")]);
+                if opts.thinking {
+                    open_tag(&mut out, "think", &[]);
+                    if let Some(r) = m
+                        .reasoning_content
+                        .as_deref()
+                        .filter(|r| !r.trim().is_empty())
+                    {
+                        out.push(Segment::Text(r.to_string()));
+                    }
+                    close_tag(&mut out, "think");
+                }
+                open_tag(&mut out, "response", &[]);
+                out.push(Segment::Text(m.content.clone()));
+                close_tag(&mut out, "response");
+            }
+            "tool" => {
+                let idx = "0";
+                let tool = m.tool.clone().unwrap_or_default();
+                open_tag(
+                    &mut out,
+                    "message",
+                    &[("role", "tool"), ("tool", tool.as_str()), ("index", idx)],
+                );
+                out.push(Segment::Text(m.content.clone()));
+            }
+            other => return Err(Error::Msg(format!("unknown message role `{other}`"))),
+        }
+        close_tag(&mut out, "message");
+        end_of_message(&mut out);
+    }
+    open_tag(&mut out, "message", &[("role", "assistant")]);
+    if opts.thinking {
+        open_tag(&mut out, "think", &[]);
+    } else {
+        open_tag(&mut out, "response", &[]);
+    }
+    Ok(out)
+}
+
+/// Encodes segments, each separately (BPE never merges across a boundary).
+pub fn encode_segments(tok: &Tokenizer, segs: &[Segment]) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for s in segs {
+        match s {
+            Segment::Control(t) => ids.extend(tok.encode(t, true)),
+            Segment::Text(t) => ids.extend(tok.encode_ordinary(t)),
+        }
+    }
+    ids
+}
+
+/// The concatenated text of segments.
+pub fn segments_text(segs: &[Segment]) -> String {
+    segs.iter()
+        .map(|s| match s {
+            Segment::Control(t) | Segment::Text(t) => t.as_str(),
+        })
+        .collect()
+}
+
+/// A delta produced by the splitter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// Thinking text.
+    Reasoning(String),
+    /// Answer text.
+    Content(String),
+}
+
+const THINK_CLOSE: &str = "<|close|>think<|sep|>";
+const RESP_OPEN: &str = "<|open|>response<|sep|>";
+const RESP_CLOSE: &str = "<|close|>response<|sep|><|close|>message<|sep|>";
+const EOM: &str = "<|end_of_msg|>";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Reasoning,
+    Content,
+    Done,
+}
+
+/// Splits generated text into reasoning and content, stripping the structural markers and
+/// never emitting part of a marker.
+#[derive(Debug)]
+pub struct ChatSplitter {
+    phase: Phase,
+    pending: String,
+}
+
+/// Length of the longest suffix of `s` that is a proper prefix of `marker`.
+fn partial_suffix(s: &str, marker: &str) -> usize {
+    let max = s.len().min(marker.len().saturating_sub(1));
+    (1..=max)
+        .rev()
+        .find(|&k| s.is_char_boundary(s.len() - k) && marker.starts_with(&s[s.len() - k..]))
+        .unwrap_or(0)
+}
+
+impl ChatSplitter {
+    /// A splitter for a reply that starts in the think block (`thinking`) or in the response.
+    pub fn new(thinking: bool) -> Self {
+        ChatSplitter {
+            phase: if thinking {
+                Phase::Reasoning
+            } else {
+                Phase::Content
+            },
+            pending: String::new(),
+        }
+    }
+
+    /// Whether the end of the message was seen.
+    pub fn done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// Feeds generated text; returns the deltas that are now certain.
+    pub fn push(&mut self, text: &str) -> Vec<Delta> {
+        self.pending.push_str(text);
+        self.drain(false)
+    }
+
+    /// Ends the stream; returns what is left.
+    pub fn finish(&mut self) -> Vec<Delta> {
+        self.drain(true)
+    }
+
+    fn emit(out: &mut Vec<Delta>, phase: Phase, s: &str) {
+        if s.is_empty() {
+            return;
+        }
+        match phase {
+            Phase::Reasoning => out.push(Delta::Reasoning(s.to_string())),
+            Phase::Content => out.push(Delta::Content(s.to_string())),
+            Phase::Done => {}
+        }
+    }
+
+    fn drain(&mut self, last: bool) -> Vec<Delta> {
+        let mut out = Vec::new();
+        loop {
+            let p = std::mem::take(&mut self.pending);
+            match self.phase {
+                Phase::Done => return out,
+                Phase::Reasoning => {
+                    let open = p.find(RESP_OPEN);
+                    let eom = p.find(EOM);
+                    let cut = match (open, eom) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    if let Some(c) = cut {
+                        let before = p[..c].strip_suffix(THINK_CLOSE).unwrap_or(&p[..c]);
+                        Self::emit(&mut out, Phase::Reasoning, before);
+                        if Some(c) == open {
+                            self.phase = Phase::Content;
+                            self.pending = p[c + RESP_OPEN.len()..].to_string();
+                        } else {
+                            self.phase = Phase::Done;
+                        }
+                        continue;
+                    }
+                    if last {
+                        let before = p.strip_suffix(THINK_CLOSE).unwrap_or(&p);
+                        Self::emit(&mut out, Phase::Reasoning, before);
+                        return out;
+                    }
+                    // Hold back a possible `<|close|>think<|sep|><|open|>response<|sep|>` start.
+                    let hold = [
+                        THINK_CLOSE.to_string() + RESP_OPEN,
+                        RESP_OPEN.into(),
+                        EOM.into(),
+                    ]
+                    .iter()
+                    .map(|m| partial_suffix(&p, m))
+                    .max()
+                    .unwrap_or(0);
+                    let hold = if p.ends_with(THINK_CLOSE) {
+                        hold.max(THINK_CLOSE.len())
+                    } else {
+                        hold
+                    };
+                    let k = p.len() - hold;
+                    Self::emit(&mut out, Phase::Reasoning, &p[..k]);
+                    self.pending = p[k..].to_string();
+                    return out;
+                }
+                Phase::Content => {
+                    if let Some(c) = p.find(EOM) {
+                        let before = p[..c].strip_suffix(RESP_CLOSE).unwrap_or(&p[..c]);
+                        Self::emit(&mut out, Phase::Content, before);
+                        self.phase = Phase::Done;
+                        continue;
+                    }
+                    if last {
+                        let before = p.strip_suffix(RESP_CLOSE).unwrap_or(&p);
+                        Self::emit(&mut out, Phase::Content, before);
+                        return out;
+                    }
+                    // The close marker is structural only when the end of message follows, so
+                    // it is held back until that is known.
+                    let mut hold = [RESP_CLOSE.to_string() + EOM, EOM.into()]
+                        .iter()
+                        .map(|m| partial_suffix(&p, m))
+                        .max()
+                        .unwrap_or(0);
+                    if p.ends_with(RESP_CLOSE) {
+                        hold = hold.max(RESP_CLOSE.len());
+                    }
+                    let k = p.len() - hold;
+                    Self::emit(&mut out, Phase::Content, &p[..k]);
+                    self.pending = p[k..].to_string();
+                    return out;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
