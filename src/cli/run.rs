@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use clap::Args;
 
+use crate::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
 use crate::experts::{CacheAdvice, DiskCache, ExpertStats, TieredOptions};
 use crate::model::RouterTrace;
 use crate::spine::budget::{reserve, resident_budget, Memory};
 use crate::spine::source::{SpineChoice, SpineOptions};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{GenerateOptions, Generator, K3Model};
 
 /// Expert-store settings shared by the commands that run the model.
@@ -128,12 +130,24 @@ pub struct RunArgs {
     /// Model directory: a plain checkpoint as the hub serves it, or an installed model root.
     #[arg(long)]
     pub model_root: PathBuf,
+    /// Prompt text (raw completion, no BOS; with `--chat`, the user message).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
     /// Prompt token ids, comma-separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "prompt")]
     pub prompt_ids: Vec<u32>,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 16)]
-    pub max_new: usize,
+    /// Render the prompt as a chat turn (K3's chat format) and run to the end of the message.
+    #[arg(long, requires = "prompt")]
+    pub chat: bool,
+    /// With `--chat`: answer without the think block.
+    #[arg(long)]
+    pub no_thinking: bool,
+    /// With `--chat`: reasoning effort low, high or max (default: `K3_REASONING_EFFORT`, else max).
+    #[arg(long)]
+    pub effort: Option<String>,
+    /// Most tokens to generate (default: 64 for raw completion, 8192 for chat).
+    #[arg(long)]
+    pub max_new: Option<usize>,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -183,31 +197,88 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             }
         });
     }
+    let tok = match &a.prompt {
+        Some(_) => Some(Tokenizer::from_dir(&a.model_root)?),
+        None => None,
+    };
+    let thinking = a.chat && !a.no_thinking;
+    let prompt_ids: Vec<u32> = match (&a.prompt, &tok) {
+        (Some(p), Some(t)) if a.chat => {
+            let effort = if thinking {
+                Some(Effort::resolve(a.effort.as_deref())?)
+            } else {
+                None
+            };
+            let opts = ChatOptions {
+                thinking,
+                effort,
+                tools: None,
+            };
+            encode_segments(t, &render(&[Message::new("user", p)], &opts)?)
+        }
+        (Some(p), Some(t)) => t.encode_ordinary(p),
+        _ => a.prompt_ids.clone(),
+    };
+    if prompt_ids.is_empty() {
+        anyhow::bail!("the prompt is empty");
+    }
     let gen_opts = GenerateOptions {
-        max_new: a.max_new,
+        max_new: a.max_new.unwrap_or(if a.chat { 8192 } else { 64 }),
         stop_ids: vec![model.config().eos_token_id],
     };
     let mut state = model.new_state();
     let mut last = model.expert_stats().unwrap_or_default();
     let mut i = 0;
+    let mut dec = StreamDecoder::new();
+    let mut split = ChatSplitter::new(thinking);
+    let dim = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let show = |deltas: Vec<Delta>| {
+        for d in deltas {
+            match d {
+                Delta::Reasoning(t) if dim => eprint!("\x1b[2m{t}\x1b[0m"),
+                Delta::Reasoning(t) => eprint!("{t}"),
+                Delta::Content(t) => {
+                    print!("{t}");
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                }
+            }
+        }
+    };
     let gen =
-        Generator::new(&model).generate(&mut state, &a.prompt_ids, &gen_opts, &cancel, |id| {
+        Generator::new(&model).generate(&mut state, &prompt_ids, &gen_opts, &cancel, |id| {
             if a.stats {
                 let now = model.expert_stats().unwrap_or_default();
                 eprintln!("{}", stats_line(i, &now.since(&last)));
                 last = now;
             }
-            if !a.json && !a.stats {
-                eprint!("{id} ");
+            if !a.json {
+                match &tok {
+                    Some(t) if a.chat => show(split.push(&dec.push(t, id))),
+                    Some(t) => show(vec![Delta::Content(dec.push(t, id))]),
+                    None if !a.stats => eprint!("{id} "),
+                    None => {}
+                }
             }
             i += 1;
         })?;
     if let Some(rt) = &model.router_trace {
         rt.flush()?;
     }
+    if !a.json && tok.is_some() {
+        let rest = dec.finish();
+        if a.chat {
+            let mut d = split.push(&rest);
+            d.extend(split.finish());
+            show(d);
+        } else {
+            show(vec![Delta::Content(rest)]);
+        }
+        println!();
+    }
     let steps = gen.generated_ids.len().saturating_sub(1).max(1);
     if a.json {
         let v = serde_json::json!({
+            "text": tok.as_ref().map(|t| t.decode(&gen.generated_ids)),
             "prompt_ids": gen.prompt_ids,
             "generated_ids": gen.generated_ids,
             "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
@@ -215,21 +286,26 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         });
         println!("{v}");
     } else {
-        eprintln!();
-        println!(
-            "{}",
-            gen.generated_ids
-                .iter()
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        if tok.is_none() {
+            eprintln!();
+            println!(
+                "{}",
+                gen.generated_ids
+                    .iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+        }
+        let secs = gen.decode_ms / 1e3;
         eprintln!(
-            "stop: {:?}; prefill {:.1} ms ({} tokens), decode {:.2} ms/token",
+            "[{} tokens, stop: {:?}; prefill {:.1} ms for {} tokens; decode {:.2} ms/token, {:.2} tok/s]",
+            gen.generated_ids.len(),
             gen.stop,
             gen.prefill_ms,
-            a.prompt_ids.len(),
-            gen.decode_ms / steps as f64
+            prompt_ids.len(),
+            gen.decode_ms / steps as f64,
+            if secs > 0.0 { steps as f64 / secs } else { 0.0 }
         );
     }
     if a.stats {

@@ -1,0 +1,150 @@
+//! End-to-end tests of the `deltafin` binary on K3-nano.
+
+use std::process::{Command, Stdio};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_deltafin"))
+}
+
+fn nano() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let st = bin()
+        .args(["fixture", "nano"])
+        .arg(d.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    d
+}
+
+#[test]
+fn run_json_and_chat() {
+    let d = nano();
+    let out = bin()
+        .args([
+            "run",
+            "--prompt-ids",
+            "12,7,99",
+            "--max-new",
+            "5",
+            "--json",
+            "--model-root",
+        ])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prompt_ids"], serde_json::json!([12, 7, 99]));
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 5);
+    let top = v["first_step_top"].as_array().unwrap();
+    assert_eq!(top.len(), 10);
+    assert_eq!(top[0][0], v["generated_ids"][0]);
+    assert!(top.windows(2).all(|w| w[0][1].as_f64() >= w[1][1].as_f64()));
+
+    let out = bin()
+        .args([
+            "run",
+            "--chat",
+            "--prompt",
+            "Hello there",
+            "--max-new",
+            "4",
+            "--model-root",
+        ])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[4 tokens"), "{err}");
+    assert!(
+        err.contains("spine: bf16 from the checkpoint shards"),
+        "{err}"
+    );
+
+    // Bad input is an error with a message, not a panic.
+    let out = bin()
+        .args(["run", "--prompt-ids", "999999", "--model-root"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("outside the vocabulary"));
+    let out = bin()
+        .args(["run", "--prompt-ids", "1", "--model-root", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
+}
+
+#[test]
+fn int8_conversion_is_picked_up() {
+    let d = nano();
+    let st = bin()
+        .args(["convert-spine-int8", "--model-root"])
+        .arg(d.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = bin()
+        .args(["run", "--prompt-ids", "5", "--max-new", "2", "--model-root"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("spine: int8 from the converted store"));
+    let out = bin()
+        .args([
+            "run",
+            "--prompt-ids",
+            "5",
+            "--max-new",
+            "2",
+            "--spine",
+            "bf16",
+            "--model-root",
+        ])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("spine: bf16"));
+}
+
+#[test]
+fn ctrl_c_stops_cleanly() {
+    let d = nano();
+    let child = bin()
+        .args([
+            "run",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new",
+            "1000000",
+            "--model-root",
+        ])
+        .arg(d.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // SAFETY: sending SIGINT to our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "exit {:?}", out.status);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stop: Cancelled"), "{err}");
+    let ids = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        ids.trim().split(',').count() > 1,
+        "the ids generated so far are printed"
+    );
+}
