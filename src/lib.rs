@@ -27,6 +27,7 @@ pub mod error;
 pub mod experts;
 pub mod generate;
 pub mod hub;
+pub mod install;
 pub mod model;
 pub mod mxfp4;
 pub mod progress;

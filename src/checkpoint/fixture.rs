@@ -243,6 +243,22 @@ pub fn write_model(
         })?;
     }
     bar.finish_and_clear();
+    // The standard index, so hub clients can list the shards.
+    let mut weight_map = serde_json::Map::new();
+    let mut total_size = 0u64;
+    for (i, specs) in shard_specs.iter().enumerate() {
+        let name = format!("model-{:05}-of-{:06}.safetensors", i + 1, total);
+        for s in specs {
+            weight_map.insert(s.name.clone(), name.clone().into());
+            total_size += s.bytes();
+        }
+    }
+    let index =
+        serde_json::json!({"metadata": {"total_size": total_size}, "weight_map": weight_map});
+    write_atomic(
+        &dir.join("model.safetensors.index.json"),
+        index.to_string().as_bytes(),
+    )?;
     let text = serde_json::to_string_pretty(config).map_err(|e| Error::Msg(e.to_string()))?;
     write_atomic(&dir.join("config.json"), text.as_bytes())?;
     write_atomic(

@@ -62,6 +62,11 @@ pub struct Inventory {
     tensors: HashMap<String, TensorInfo>,
 }
 
+/// Where a streaming install keeps the shard headers (`<shard>` files) and `sizes.json`.
+pub fn remote_headers_dir(dir: &Path) -> std::path::PathBuf {
+    dir.join("deltafin-meta").join("headers")
+}
+
 /// Parses `model-NNNNN-of-MMMMM.safetensors` into (index, total).
 pub fn parse_shard_name(name: &str) -> Option<(usize, usize)> {
     let rest = name.strip_prefix("model-")?.strip_suffix(".safetensors")?;
@@ -168,13 +173,42 @@ impl Inventory {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let names = discover_shards(dir)?;
         let mut headers = Vec::with_capacity(names.len());
+        let remote = remote_headers_dir(dir);
+        let sizes: Option<serde_json::Map<String, serde_json::Value>> =
+            std::fs::read(remote.join("sizes.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
         for n in names {
             let path = dir.join(&n);
-            let size = std::fs::metadata(&path)
-                .map_err(|e| Error::io(&path, e))?
-                .len();
-            let h = read_header(&path)?;
-            headers.push((n, size, h));
+            if path.is_file() {
+                let size = std::fs::metadata(&path)
+                    .map_err(|e| Error::io(&path, e))?
+                    .len();
+                headers.push((n, size, read_header(&path)?));
+                continue;
+            }
+            // A streaming install keeps only each shard's header bytes and size.
+            let hp = remote.join(&n);
+            let size = sizes
+                .as_ref()
+                .and_then(|m| m.get(&n))
+                .and_then(|v| v.as_u64());
+            match (std::fs::read(&hp), size) {
+                (Ok(bytes), Some(size)) => headers.push((
+                    n,
+                    size,
+                    super::header::parse_header_bytes(&bytes, size, &hp)?,
+                )),
+                _ => {
+                    return Err(Error::io(
+                        &path,
+                        std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "shard missing (and no saved header from a streaming install)",
+                        ),
+                    ))
+                }
+            }
         }
         let inv = Self::from_headers(dir, headers)?;
         inv.check_index(dir)?;

@@ -1,5 +1,6 @@
 //! The `deltafin` command line (clap), a thin layer over the library.
 
+pub mod install;
 pub mod run;
 
 use std::path::PathBuf;
@@ -37,7 +38,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Generate greedily from token ids and print the result.
+    /// Install K3 from the hub: full (every shard) or streaming (spine now, experts on demand).
+    Setup(install::SetupArgs),
+    /// Fetch a streaming install's missing experts (resumable).
+    FetchExperts(install::FetchArgs),
+    /// Rank absent experts by how often router traces selected them; fetch with --fetch N.
+    WarmCache(install::WarmArgs),
+    /// Generate from a prompt (text, chat, or token ids).
     Run(run::RunArgs),
     /// Convert the spine to row-int8 (resumable; the model then uses it automatically).
     ConvertSpineInt8 {
@@ -213,6 +220,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Run(a) => run::run(&a)?,
+        Command::Setup(a) => install::run_setup(&a)?,
+        Command::FetchExperts(a) => install::run_fetch(&a)?,
+        Command::WarmCache(a) => install::run_warm(&a)?,
         Command::ConvertSpineInt8 { model_root } => {
             convert(&model_root, crate::spine::convert::SpineFormat::Int8)?
         }

@@ -121,6 +121,20 @@ pub fn load_model(root: &std::path::Path, store: &StoreArgs) -> anyhow::Result<K
         r.layers_streamed,
         r.bytes_read_per_token as f64 / 1e9
     );
+    if let Some(m) = crate::install::read_manifest(root).filter(|m| m.mode == "stream") {
+        let missing = crate::install::missing_experts(root, None)?;
+        let (n, bytes): (usize, u64) = missing
+            .iter()
+            .fold((0, 0), |(n, b), t| (n + t.1.len(), b + t.2));
+        let total: usize = model.config().moe_layers().count() * model.config().text().num_experts;
+        eprintln!(
+            "experts: streaming install of {}: {} of {} experts local; `deltafin fetch-experts` would download {:.2} GB",
+            m.repo,
+            total - n,
+            total,
+            bytes as f64 / 1e9
+        );
+    }
     Ok(model)
 }
 

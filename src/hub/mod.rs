@@ -61,6 +61,26 @@ impl HubRepo {
         )
     }
 
+    /// The size of a file (HEAD).
+    pub fn size(&self, file: &str) -> Result<u64> {
+        self.repo
+            .get_file_metadata()
+            .filepath(file)
+            .maybe_revision(self.revision.as_deref())
+            .send()
+            .map(|m| m.file_size)
+            .map_err(|e| Error::Msg(format!("{}: {e}", self.url(file))))
+    }
+
+    /// Fetches a whole file (size checked), retrying with backoff.
+    pub fn fetch(&self, file: &str) -> Result<Vec<u8>> {
+        let size = self.size(file)?;
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        self.fetch_range(file, 0..size)
+    }
+
     /// Fetches bytes `range` of `file`, retrying with backoff; the result has exactly the
     /// range's length or it is an error.
     pub fn fetch_range(&self, file: &str, range: Range<u64>) -> Result<Vec<u8>> {

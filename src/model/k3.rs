@@ -16,7 +16,7 @@ use super::state::{LayerState, SeqState};
 use super::weights::{dense, LayerWeights};
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, FfnKind, K3Config};
-use crate::experts::{DiskCache, ExpertProvider, TieredExperts, TieredOptions};
+use crate::experts::{DiskCache, ExpertProvider, TieredOptions};
 use crate::mxfp4::Kernel;
 use crate::spine::source::{Spine, SpineOptions};
 use crate::Result;
@@ -113,7 +113,7 @@ impl K3Model {
             device,
             spine,
         )?);
-        let experts = Arc::new(TieredExperts::new(index, Some(inv.clone()), cache, opts)?);
+        let experts = Arc::new(crate::install::expert_store(dir, inv, index, opts, cache)?);
         Self::load(cfg, spine, experts)
     }
 

@@ -59,16 +59,28 @@ pub fn is_small(shape: &[usize]) -> bool {
 
 type Packed = Vec<(String, StDtype, Vec<usize>, Vec<u8>)>;
 
+/// Where raw tensor bytes come from (local shards, or range requests to the hub).
+pub trait TensorBytes {
+    /// The bytes, dtype and shape of a tensor.
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)>;
+}
+
+impl TensorBytes for ShardSpine {
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+        self.bytes(name)
+    }
+}
+
 /// The tensors of one group, converted to `format`; `strip` is removed from each name.
 pub fn convert_group(
-    spine: &ShardSpine,
+    spine: &dyn TensorBytes,
     names: &[String],
     strip: &str,
     format: SpineFormat,
 ) -> Result<Packed> {
     let mut out = Vec::new();
     for full in names {
-        let (bytes, dtype, shape) = spine.bytes(full)?;
+        let (bytes, dtype, shape) = spine.tensor_bytes(full)?;
         let name = full.strip_prefix(strip).unwrap_or(full).to_string();
         if format == SpineFormat::Int8 && is_int8_target(full, dtype, &shape) {
             let w = to_f32(&bytes, dtype, full)?;
@@ -123,18 +135,30 @@ pub fn convert_spine(
     num_layers: usize,
     out_root: &Path,
     format: SpineFormat,
+    progress: impl FnMut(usize, usize),
+) -> Result<PathBuf> {
+    let spine = ShardSpine::new(std::sync::Arc::new(inv.clone()), candle::Device::Cpu);
+    convert_spine_from(&spine, inv, num_layers, out_root, format, progress)
+}
+
+/// `convert_spine` with the tensor bytes from any source (the hub, for a streaming install).
+pub fn convert_spine_from(
+    spine: &dyn TensorBytes,
+    inv: &Inventory,
+    num_layers: usize,
+    out_root: &Path,
+    format: SpineFormat,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<PathBuf> {
     let dir = store_dir(out_root, format);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let spine = ShardSpine::new(std::sync::Arc::new(inv.clone()), candle::Device::Cpu);
     let total = num_layers + 2;
     let mut done = 0;
     for l in 0..num_layers {
         let path = dir.join(format!("layer-{l:03}.bin"));
         if !is_complete(&path) {
             let names = layer_names(inv, l);
-            let tensors = convert_group(&spine, &names, &inv.layer_name(l, ""), format)?;
+            let tensors = convert_group(spine, &names, &inv.layer_name(l, ""), format)?;
             write_file(&path, &tensors)?;
         }
         done += 1;
@@ -142,7 +166,7 @@ pub fn convert_spine(
     }
     let global = dir.join("global.bin");
     if !is_complete(&global) {
-        let tensors = convert_group(&spine, &global_names(inv), &inv.prefix, format)?;
+        let tensors = convert_group(spine, &global_names(inv), &inv.prefix, format)?;
         write_file(&global, &tensors)?;
     }
     done += 1;
@@ -150,7 +174,7 @@ pub fn convert_spine(
     let embed = dir.join("embed.bin");
     if !is_complete(&embed) {
         let tensors = convert_group(
-            &spine,
+            spine,
             &[inv.name("model.embed_tokens.weight")],
             &inv.prefix,
             SpineFormat::Bf16,

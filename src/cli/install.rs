@@ -1,0 +1,145 @@
+//! `deltafin setup`, `fetch-experts` and `warm-cache`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::install::{fetch_experts, missing_experts, setup, warm_plan, Mode, SetupOptions};
+
+/// Arguments of `setup`.
+#[derive(Debug, Clone, Args)]
+pub struct SetupArgs {
+    /// Download every shard (needs room for the whole model).
+    #[arg(long, conflicts_with = "stream")]
+    pub full: bool,
+    /// Download metadata and the spine; fetch routed experts on demand.
+    #[arg(long)]
+    pub stream: bool,
+    /// Print the disk plan and stop.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Hub repository.
+    #[arg(long, default_value = "moonshotai/Kimi-K3")]
+    pub repo: String,
+    /// Revision (branch, tag or commit).
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Install directory.
+    #[arg(long, default_value = "k3")]
+    pub model_root: PathBuf,
+}
+
+/// Runs `setup`.
+pub fn run_setup(a: &SetupArgs) -> anyhow::Result<()> {
+    let mode = match (a.full, a.stream) {
+        (true, _) => Some(Mode::Full),
+        (_, true) => Some(Mode::Stream),
+        _ => None,
+    };
+    let opts = SetupOptions {
+        repo: a.repo.clone(),
+        revision: a.revision.clone(),
+        root: a.model_root.clone(),
+        mode,
+        dry_run: a.dry_run,
+    };
+    let plan = setup(&opts, |m| eprintln!("{m}"))?;
+    if a.dry_run {
+        println!("{}", serde_json::to_string(&plan)?);
+    } else {
+        eprintln!(
+            "installed {} ({:?}) in {}",
+            a.repo,
+            plan.mode,
+            a.model_root.display()
+        );
+    }
+    Ok(())
+}
+
+/// Parses `1-40,45` into layer indices.
+pub fn parse_layers(s: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
+                if b < a {
+                    anyhow::bail!("layer range {part} is backwards");
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.trim().parse()?),
+        }
+    }
+    Ok(out)
+}
+
+/// Arguments of `fetch-experts`.
+#[derive(Debug, Clone, Args)]
+pub struct FetchArgs {
+    /// Install directory.
+    #[arg(long, default_value = "k3")]
+    pub model_root: PathBuf,
+    /// Only these MoE layers, e.g. `1-40,45`.
+    #[arg(long)]
+    pub layers: Option<String>,
+    /// Print what is missing and stop.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Runs `fetch-experts`.
+pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
+    let layers = a.layers.as_deref().map(parse_layers).transpose()?;
+    let todo = missing_experts(&a.model_root, layers.as_deref())?;
+    let (n, bytes): (usize, u64) = todo
+        .iter()
+        .fold((0, 0), |(n, b), t| (n + t.1.len(), b + t.2));
+    println!(
+        "{}",
+        serde_json::json!({"missing_experts": n, "missing_bytes": bytes, "layers": todo.len()})
+    );
+    if !a.dry_run && n > 0 {
+        fetch_experts(&a.model_root, &todo)?;
+        eprintln!("fetched {n} experts ({:.2} GB)", bytes as f64 / 1e9);
+    }
+    Ok(())
+}
+
+/// Arguments of `warm-cache`.
+#[derive(Debug, Clone, Args)]
+pub struct WarmArgs {
+    /// Install directory.
+    #[arg(long, default_value = "k3")]
+    pub model_root: PathBuf,
+    /// Router traces (`router_trace.jsonl`, from `run --router-trace` or `K3_TRACE=buffered`).
+    #[arg(long = "trace", required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Fetch the N most-selected absent experts (default: print the plan only).
+    #[arg(long)]
+    pub fetch: Option<usize>,
+}
+
+/// Runs `warm-cache`.
+pub fn run_warm(a: &WarmArgs) -> anyhow::Result<()> {
+    let plan = warm_plan(&a.model_root, &a.traces)?;
+    for ((l, e), c) in plan.iter().take(20) {
+        println!(
+            "{}",
+            serde_json::json!({"layer": l, "expert": e, "selections": c})
+        );
+    }
+    eprintln!("{} absent experts were selected in the traces", plan.len());
+    if let Some(n) = a.fetch {
+        let mut by_layer: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+        for ((l, e), _) in plan.iter().take(n) {
+            by_layer.entry(*l).or_default().push(*e);
+        }
+        let todo: Vec<(usize, Vec<usize>, u64)> =
+            by_layer.into_iter().map(|(l, ids)| (l, ids, 0)).collect();
+        fetch_experts(&a.model_root, &todo)?;
+        eprintln!("fetched {} experts", plan.len().min(n));
+    }
+    Ok(())
+}

@@ -1,0 +1,437 @@
+//! Installing K3 from the hub: `setup` (full or streaming, with a disk plan), `fetch-experts`
+//! (finish a streaming install) and the `warm-cache` plan from router traces.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::checkpoint::fixture::write_atomic;
+use crate::checkpoint::inventory::{discover_shards, remote_headers_dir};
+use crate::checkpoint::{ExpertIndex, Inventory, StDtype};
+use crate::experts::{CacheAdvice, DiskCache, TieredExperts, TieredOptions};
+use crate::hub::HubRepo;
+use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, TensorBytes};
+use crate::{Error, K3Config, Result};
+
+/// Where the install manifest lives.
+pub fn manifest_path(root: &Path) -> PathBuf {
+    root.join("deltafin-meta").join("install.json")
+}
+
+/// What `setup` installed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    /// `full` (shards local) or `stream` (experts fetched on demand into `experts/`).
+    pub mode: String,
+    /// Hub repository.
+    pub repo: String,
+    /// Revision.
+    pub revision: Option<String>,
+}
+
+/// Reads the install manifest, if any.
+pub fn read_manifest(root: &Path) -> Option<Manifest> {
+    serde_json::from_slice(&std::fs::read(manifest_path(root)).ok()?).ok()
+}
+
+/// The raw-span expert cache directory of an install.
+pub fn experts_dir(root: &Path) -> PathBuf {
+    root.join("experts")
+}
+
+/// Install mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Download every shard.
+    Full,
+    /// Download metadata and the spine; experts are fetched on demand.
+    Stream,
+}
+
+/// `setup` settings.
+#[derive(Debug, Clone)]
+pub struct SetupOptions {
+    /// `owner/name`.
+    pub repo: String,
+    /// Revision (default main).
+    pub revision: Option<String>,
+    /// Install directory.
+    pub root: PathBuf,
+    /// Forced mode (`None`: full when the disk has room, else stream).
+    pub mode: Option<Mode>,
+    /// Plan only.
+    pub dry_run: bool,
+}
+
+/// The disk plan.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Plan {
+    /// Chosen mode.
+    pub mode: Mode,
+    /// Bytes a full install needs (shards + spine store + margin).
+    pub full_bytes: u64,
+    /// Bytes a streaming install needs now (spine store + metadata + margin).
+    pub stream_bytes: u64,
+    /// Free bytes on the install's filesystem.
+    pub free_bytes: u64,
+    /// Bytes of all routed experts (what finishing a streaming install downloads).
+    pub expert_bytes: u64,
+}
+
+/// Free bytes on the filesystem of `path` (`DELTAFIN_DISK_FREE` overrides, for tests).
+pub fn free_bytes(path: &Path) -> u64 {
+    if let Some(v) = std::env::var("DELTAFIN_DISK_FREE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return v;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
+    unsafe {
+        let mut s: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut s) == 0 {
+            s.f_bavail as u64 * s.f_frsize as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// Tensor bytes fetched by range from the hub.
+pub struct RemoteTensors<'a> {
+    hub: &'a HubRepo,
+    inv: &'a Inventory,
+}
+
+impl TensorBytes for RemoteTensors<'_> {
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+        let t = self.inv.get(name).ok_or_else(|| Error::Tensor {
+            name: name.into(),
+            msg: "not in the inventory".into(),
+        })?;
+        let b = if t.is_empty() {
+            Vec::new()
+        } else {
+            self.hub
+                .fetch_range(&self.inv.shards[t.shard].file, t.start..t.end)?
+        };
+        Ok((b, t.dtype, t.shape.clone()))
+    }
+}
+
+fn fetch_to(hub: &HubRepo, root: &Path, file: &str, required: bool) -> Result<bool> {
+    match hub.fetch(file) {
+        Ok(b) => {
+            write_atomic(&root.join(file), &b)?;
+            Ok(true)
+        }
+        Err(e) if required => Err(e),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Downloads one shard resumably: 64 MiB ranges appended to `<file>.part`, size-checked, fsynced,
+/// then renamed.
+fn download_shard(
+    hub: &HubRepo,
+    root: &Path,
+    file: &str,
+    size: u64,
+    bar: &indicatif::ProgressBar,
+) -> Result<()> {
+    const CHUNK: u64 = 64 << 20;
+    let dest = root.join(file);
+    if std::fs::metadata(&dest).map(|m| m.len()).ok() == Some(size) {
+        bar.inc(size);
+        return Ok(());
+    }
+    let part = root.join(format!("{file}.part"));
+    let mut have = std::fs::metadata(&part)
+        .map(|m| m.len())
+        .unwrap_or(0)
+        .min(size);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&part)
+        .map_err(|e| Error::io(&part, e))?;
+    f.set_len(have).map_err(|e| Error::io(&part, e))?;
+    bar.inc(have);
+    while have < size {
+        let end = (have + CHUNK).min(size);
+        let b = hub.fetch_range(file, have..end)?;
+        f.write_all(&b).map_err(|e| Error::io(&part, e))?;
+        have = end;
+        bar.inc(b.len() as u64);
+    }
+    f.sync_all().map_err(|e| Error::io(&part, e))?;
+    std::fs::rename(&part, &dest).map_err(|e| Error::io(&dest, e))
+}
+
+/// Runs `setup`: metadata, shard headers, the disk plan, then the shards (full) or nothing more
+/// (stream), the BF16 spine store, and the manifest.
+pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
+    let root = &opts.root;
+    std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
+    let hub = HubRepo::new(&opts.repo, opts.revision.clone(), None)?;
+    for (f, required) in [
+        ("config.json", true),
+        ("tiktoken.model", true),
+        ("tokenizer_config.json", true),
+        ("generation_config.json", false),
+        ("model.safetensors.index.json", true),
+    ] {
+        fetch_to(&hub, root, f, required).map_err(|e| Error::Msg(format!("setup: {f}: {e}")))?;
+    }
+    let cfg = K3Config::from_file(&root.join("config.json"))?;
+    let shards = discover_shards(root)?;
+    let hdir = remote_headers_dir(root);
+    std::fs::create_dir_all(&hdir).map_err(|e| Error::io(&hdir, e))?;
+    let mut sizes = serde_json::Map::new();
+    for s in &shards {
+        let size = hub.size(s)?;
+        let head = hub.fetch_range(s, 0..8.min(size))?;
+        let hlen = crate::checkpoint::header::parse_header_len(&head, size, Path::new(s))?;
+        let bytes = hub.fetch_range(s, 0..8 + hlen)?;
+        write_atomic(&hdir.join(s), &bytes)?;
+        sizes.insert(s.clone(), size.into());
+    }
+    write_atomic(
+        &hdir.join("sizes.json"),
+        serde_json::Value::Object(sizes.clone())
+            .to_string()
+            .as_bytes(),
+    )?;
+    let inv = Inventory::from_dir(root)?;
+    let index = ExpertIndex::derive_k3(&inv, &cfg)?;
+    let shard_bytes: u64 = sizes.values().filter_map(|v| v.as_u64()).sum();
+    let expert_bytes: u64 = index.spans.iter().flatten().map(|s| s.len()).sum();
+    let spine_bytes = shard_bytes - expert_bytes;
+    let margin = |b: u64| b / 50 + (64 << 20);
+    let full_bytes = shard_bytes + spine_bytes + margin(shard_bytes + spine_bytes);
+    let stream_bytes = spine_bytes + margin(spine_bytes);
+    let free = free_bytes(root);
+    let mode = opts.mode.unwrap_or(if free >= full_bytes {
+        Mode::Full
+    } else {
+        Mode::Stream
+    });
+    let gb = |b: u64| b as f64 / 1e9;
+    say(&format!(
+        "disk plan: full install needs {:.2} GB, streaming {:.2} GB now (+ up to {:.2} GB of experts as they are used); {:.2} GB free; mode: {:?}",
+        gb(full_bytes),
+        gb(stream_bytes),
+        gb(expert_bytes),
+        gb(free),
+        mode
+    ));
+    let plan = Plan {
+        mode,
+        full_bytes,
+        stream_bytes,
+        free_bytes: free,
+        expert_bytes,
+    };
+    if opts.dry_run {
+        return Ok(plan);
+    }
+    let needed = if mode == Mode::Full {
+        full_bytes
+    } else {
+        stream_bytes
+    };
+    if free < needed {
+        return Err(Error::Msg(format!(
+            "not enough disk space in {}: {:.2} GB needed, {:.2} GB free",
+            root.display(),
+            gb(needed),
+            gb(free)
+        )));
+    }
+    match mode {
+        Mode::Full => {
+            let bar = crate::progress::bytes_bar(shard_bytes, "downloading shards");
+            for s in &shards {
+                let size = sizes.get(s).and_then(|v| v.as_u64()).unwrap_or(0);
+                download_shard(&hub, root, s, size, &bar)?;
+            }
+            bar.finish_and_clear();
+            let inv = Inventory::from_dir(root)?;
+            convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
+        }
+        Mode::Stream => {
+            let remote = RemoteTensors {
+                hub: &hub,
+                inv: &inv,
+            };
+            let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
+            convert_spine_from(
+                &remote,
+                &inv,
+                cfg.num_layers(),
+                root,
+                SpineFormat::Bf16,
+                |d, _| bar.set_position(d as u64),
+            )?;
+            bar.finish_and_clear();
+            std::fs::create_dir_all(experts_dir(root))
+                .map_err(|e| Error::io(experts_dir(root), e))?;
+        }
+    }
+    let m = Manifest {
+        mode: if mode == Mode::Full {
+            "full".into()
+        } else {
+            "stream".into()
+        },
+        repo: opts.repo.clone(),
+        revision: opts.revision.clone(),
+    };
+    write_atomic(
+        &manifest_path(root),
+        serde_json::to_string_pretty(&m)
+            .map_err(|e| Error::Msg(e.to_string()))?
+            .as_bytes(),
+    )?;
+    Ok(plan)
+}
+
+/// The expert store of an install: local shards for a full install, the disk cache plus the hub
+/// for a streaming one.
+pub fn expert_store(
+    root: &Path,
+    inv: Arc<Inventory>,
+    index: Arc<ExpertIndex>,
+    opts: &TieredOptions,
+    cache: Option<DiskCache>,
+) -> Result<TieredExperts> {
+    match read_manifest(root) {
+        Some(m) if m.mode == "stream" => {
+            let cache = match cache {
+                Some(c) => c,
+                None => DiskCache::new(&experts_dir(root), opts.advice)?,
+            };
+            let hub = Arc::new(HubRepo::new(&m.repo, m.revision.clone(), None)?);
+            TieredExperts::new(index, None, Some(cache), opts)?.with_hub(hub, inv)
+        }
+        _ => TieredExperts::new(index, Some(inv), cache, opts),
+    }
+}
+
+/// Experts of the chosen MoE layers not yet in a streaming install's cache: `(layer, ids, bytes)`.
+pub fn missing_experts(
+    root: &Path,
+    layers: Option<&[usize]>,
+) -> Result<Vec<(usize, Vec<usize>, u64)>> {
+    let cfg = K3Config::from_file(&root.join("config.json"))?;
+    let inv = Inventory::from_dir(root)?;
+    let index = ExpertIndex::derive_k3(&inv, &cfg)?;
+    let dir = experts_dir(root);
+    let mut out = Vec::new();
+    for l in cfg.moe_layers() {
+        if layers.is_some_and(|ls| !ls.contains(&l)) {
+            continue;
+        }
+        let mut ids = Vec::new();
+        let mut bytes = 0;
+        for (e, s) in index.spans[l].iter().enumerate() {
+            let have = std::fs::metadata(dir.join(format!("L{l}-E{e}.bin")))
+                .map(|m| m.len())
+                .ok()
+                == Some(s.len());
+            if !have {
+                ids.push(e);
+                bytes += s.len();
+            }
+        }
+        out.push((l, ids, bytes));
+    }
+    Ok(out)
+}
+
+/// Fetches the given experts of a streaming install into its cache (resumable: cached experts
+/// are skipped).
+pub fn fetch_experts(root: &Path, todo: &[(usize, Vec<usize>, u64)]) -> Result<()> {
+    let m = read_manifest(root).ok_or_else(|| {
+        Error::Msg(format!(
+            "{} is not a streaming install (run `deltafin setup --stream` first)",
+            root.display()
+        ))
+    })?;
+    if m.mode != "stream" {
+        return Err(Error::Msg(
+            "this install is full: every expert is already local".into(),
+        ));
+    }
+    let cfg = K3Config::from_file(&root.join("config.json"))?;
+    let inv = Arc::new(Inventory::from_dir(root)?);
+    let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
+    let opts = TieredOptions {
+        ram_budget: 0,
+        prefetch_previous: false,
+        advice: CacheAdvice::Auto,
+        ..Default::default()
+    };
+    let store = expert_store(root, inv, index, &opts, None)?;
+    let total: u64 = todo.iter().map(|t| t.2).sum();
+    let bar = crate::progress::bytes_bar(total, "fetching experts");
+    for (l, ids, bytes) in todo {
+        for chunk in ids.chunks(16) {
+            store.warm_disk_cache(*l, chunk)?;
+        }
+        bar.inc(*bytes);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Selection counts per `(layer, expert)` from router traces (`router_trace.jsonl`).
+pub fn count_selections(traces: &[PathBuf]) -> Result<HashMap<(usize, usize), u64>> {
+    let mut counts = HashMap::new();
+    for p in traces {
+        let text = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| Error::Msg(format!("{} line {}: {e}", p.display(), n + 1)))?;
+            let Some(layers) = v.get("layers").and_then(|l| l.as_object()) else {
+                continue;
+            };
+            for (l, ids) in layers {
+                let Ok(l) = l.parse::<usize>() else { continue };
+                for e in ids
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e.as_u64())
+                {
+                    *counts.entry((l, e as usize)).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// The absent experts ranked by how often the traces selected them (most first; ties by id).
+pub fn warm_plan(root: &Path, traces: &[PathBuf]) -> Result<Vec<((usize, usize), u64)>> {
+    let counts = count_selections(traces)?;
+    let missing: std::collections::HashSet<(usize, usize)> = missing_experts(root, None)?
+        .into_iter()
+        .flat_map(|(l, ids, _)| ids.into_iter().map(move |e| (l, e)))
+        .collect();
+    let mut plan: Vec<((usize, usize), u64)> = counts
+        .into_iter()
+        .filter(|(k, _)| missing.contains(k))
+        .collect();
+    plan.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(plan)
+}

@@ -1,0 +1,165 @@
+//! `setup` / `fetch-experts` / `warm-cache` / `run` against the mock hub, through the binary.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
+use deltafin::hub::mock::MockHub;
+
+const REPO: &str = "moonshotai/Kimi-K3-nano";
+
+fn deltafin(hub: &MockHub, args: &[&str], root: &Path, extra_env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_deltafin"));
+    c.args(args)
+        .arg("--model-root")
+        .arg(root)
+        .env("HF_ENDPOINT", hub.endpoint())
+        .env("HF_HUB_CACHE", root.join(".hf-cache"));
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "deltafin {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn ids(out: &Output) -> serde_json::Value {
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["generated_ids"].clone()
+}
+
+#[test]
+fn stream_install_then_run_fetch_and_warm() {
+    let src = tempfile::tempdir().unwrap();
+    write_nano(src.path(), &NanoOptions::default()).unwrap();
+    let hub = MockHub::start(src.path(), REPO).unwrap();
+    let run = ["run", "--prompt-ids", "12,7,99", "--max-new", "6", "--json"];
+    let want = ids(&deltafin(&hub, &run, src.path(), &[]));
+
+    // Streaming install: metadata, headers and the spine; no shards.
+    let dst = tempfile::tempdir().unwrap();
+    let root = dst.path().join("k3");
+    deltafin(&hub, &["setup", "--stream", "--repo", REPO], &root, &[]);
+    assert!(root.join("deltafin-spine/bf16/layer-000.bin").is_file());
+    assert!(!root.join("model-00001-of-000004.safetensors").exists());
+    let out = deltafin(&hub, &run, &root, &[]);
+    assert_eq!(ids(&out), want, "same tokens from the streaming install");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("experts: streaming install"));
+    for f in std::fs::read_dir(root.join("experts")).unwrap() {
+        let n = f.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(n.ends_with(".bin"), "no partial files: {n}");
+    }
+
+    // fetch-experts: dry run, then one layer, then everything.
+    let dry = deltafin(&hub, &["fetch-experts", "--dry-run"], &root, &[]);
+    let v: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    let missing = v["missing_experts"].as_u64().unwrap();
+    assert!(missing > 0 && missing < 9 * 16, "{v}");
+    deltafin(&hub, &["fetch-experts", "--layers", "1-2"], &root, &[]);
+    let v: serde_json::Value = serde_json::from_slice(
+        &deltafin(
+            &hub,
+            &["fetch-experts", "--dry-run", "--layers", "1,2"],
+            &root,
+            &[],
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["missing_experts"], 0);
+
+    // warm-cache: a plan from a router trace, then fetch the top 3.
+    let trace = dst.path().join("trace.jsonl");
+    let tr = trace.to_str().unwrap();
+    deltafin(
+        &hub,
+        &[
+            "run",
+            "--prompt-ids",
+            "5,6,7,8",
+            "--max-new",
+            "4",
+            "--router-trace",
+            tr,
+        ],
+        src.path(),
+        &[],
+    );
+    let absent = |o: &Output| -> usize {
+        let e = String::from_utf8_lossy(&o.stderr);
+        let line = e
+            .lines()
+            .find(|l| l.contains("absent experts were selected"))
+            .unwrap()
+            .to_string();
+        line.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let plan = deltafin(&hub, &["warm-cache", "--trace", tr], &root, &[]);
+    let before = absent(&plan);
+    assert!(before >= 3, "the trace selects experts outside layers 1-2");
+    let first: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&plan.stdout)
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    deltafin(
+        &hub,
+        &["warm-cache", "--trace", tr, "--fetch", "3"],
+        &root,
+        &[],
+    );
+    let after = absent(&deltafin(&hub, &["warm-cache", "--trace", tr], &root, &[]));
+    assert_eq!(after, before - 3);
+    let top = root.join(format!(
+        "experts/L{}-E{}.bin",
+        first["layer"], first["expert"]
+    ));
+    assert!(top.is_file(), "the most-selected absent expert was fetched");
+
+    deltafin(&hub, &["fetch-experts"], &root, &[]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&deltafin(&hub, &["fetch-experts", "--dry-run"], &root, &[]).stdout)
+            .unwrap();
+    assert_eq!(v["missing_experts"], 0);
+    assert_eq!(ids(&deltafin(&hub, &run, &root, &[])), want);
+}
+
+#[test]
+fn setup_plans_by_free_space_and_full_install_runs() {
+    let src = tempfile::tempdir().unwrap();
+    write_nano(src.path(), &NanoOptions::default()).unwrap();
+    let hub = MockHub::start(src.path(), REPO).unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let root = dst.path().join("k3");
+    let plan = |free: &str| -> serde_json::Value {
+        let out = deltafin(
+            &hub,
+            &["setup", "--dry-run", "--repo", REPO],
+            &root,
+            &[("DELTAFIN_DISK_FREE", free)],
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let small = plan("1000");
+    assert_eq!(small["mode"], "stream", "{small}");
+    let big = plan("100000000000");
+    assert_eq!(big["mode"], "full", "{big}");
+    assert!(big["full_bytes"].as_u64() > big["stream_bytes"].as_u64());
+    deltafin(
+        &hub,
+        &["setup", "--repo", REPO],
+        &root,
+        &[("DELTAFIN_DISK_FREE", "100000000000")],
+    );
+    assert!(root.join("model-00001-of-000004.safetensors").is_file());
+    let run = ["run", "--prompt-ids", "12,7,99", "--max-new", "6", "--json"];
+    assert_eq!(
+        ids(&deltafin(&hub, &run, &root, &[])),
+        ids(&deltafin(&hub, &run, src.path(), &[]))
+    );
+}
