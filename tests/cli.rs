@@ -148,3 +148,47 @@ fn ctrl_c_stops_cleanly() {
         "the ids generated so far are printed"
     );
 }
+
+/// The chat example, driven through a pipe for two turns (it is built with the tests).
+#[test]
+fn chat_example_two_turns() {
+    let exe = std::env::current_exe().unwrap();
+    let example = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("chat");
+    if !example.is_file() {
+        panic!("chat example not built at {}", example.display());
+    }
+    let d = nano();
+    let mut child = Command::new(example)
+        .arg(d.path())
+        .env("DELTAFIN_MAX_NEW", "3")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"Hello\nWhat is 2+2?\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("[3 tokens").count(), 2, "{err}");
+    // The second turn's prompt holds the first turn's history, so it is longer.
+    let lens: Vec<usize> = err
+        .lines()
+        .filter_map(|l| l.split("prefill ").nth(1))
+        .filter_map(|l| l.split(" for ").nth(1))
+        .filter_map(|l| l.split(' ').next())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    assert_eq!(lens.len(), 2);
+    assert!(lens[1] > lens[0], "{lens:?}");
+}

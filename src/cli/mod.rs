@@ -44,6 +44,17 @@ pub enum Command {
     FetchExperts(install::FetchArgs),
     /// Rank absent experts by how often router traces selected them; fetch with --fetch N.
     WarmCache(install::WarmArgs),
+    /// Serve a local model directory over the Hugging Face protocol (for trying `setup` offline).
+    MockHub {
+        /// Directory to serve (e.g. a K3-nano fixture).
+        dir: PathBuf,
+        /// Repository id it answers to.
+        #[arg(long, default_value = "moonshotai/Kimi-K3-nano")]
+        repo: String,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        listen: String,
+    },
     /// Generate from a prompt (text, chat, or token ids).
     Run(run::RunArgs),
     /// Convert the spine to row-int8 (resumable; the model then uses it automatically).
@@ -221,6 +232,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(a) => run::run(&a)?,
         Command::Setup(a) => install::run_setup(&a)?,
+        Command::MockHub { dir, repo, listen } => {
+            let hub = crate::hub::mock::MockHub::start_on(&dir, &repo, &listen)?;
+            eprintln!(
+                "serving {} as {repo} at {} (set HF_ENDPOINT to it); Ctrl-C stops",
+                dir.display(),
+                hub.endpoint()
+            );
+            hub.wait();
+        }
         Command::FetchExperts(a) => install::run_fetch(&a)?,
         Command::WarmCache(a) => install::run_warm(&a)?,
         Command::ConvertSpineInt8 { model_root } => {

@@ -109,9 +109,23 @@ impl StoreArgs {
 /// Loads the model with the store settings and prints the startup report on stderr.
 pub fn load_model(root: &std::path::Path, store: &StoreArgs) -> anyhow::Result<K3Model> {
     let (opts, cache) = store.build()?;
+    let opts_ram = opts.ram_budget;
     let spine = store.spine_options(opts.ram_budget)?;
     let model = K3Model::from_dir_with(root, &candle::Device::Cpu, &opts, cache, &spine)?;
     let r = model.spine().report();
+    eprintln!(
+        "device: cpu ({} threads, MXFP4 kernel {}); experts: RAM tier {:.1} GB{}{}, {} readers, prefetch {}",
+        rayon::current_num_threads(),
+        model.options.kernel.name(),
+        opts_ram as f64 / (1u64 << 30) as f64,
+        if store.cache_dir.is_some() { ", disk cache" } else { "" },
+        match crate::install::read_manifest(root) {
+            Some(m) if m.mode == "stream" => ", disk cache + hub (streaming install)",
+            _ => ", local shards",
+        },
+        store.readers,
+        if store.no_prefetch { "off" } else { "on" }
+    );
     eprintln!(
         "spine: {} from {}; {} layers pinned ({:.2} GB), {} streamed; spine bytes read per token: {:.2} GB",
         r.format.dir_name(),
@@ -128,11 +142,11 @@ pub fn load_model(root: &std::path::Path, store: &StoreArgs) -> anyhow::Result<K
             .fold((0, 0), |(n, b), t| (n + t.1.len(), b + t.2));
         let total: usize = model.config().moe_layers().count() * model.config().text().num_experts;
         eprintln!(
-            "experts: streaming install of {}: {} of {} experts local; `deltafin fetch-experts` would download {:.2} GB",
+            "experts: streaming install of {}: {} of {} experts local; `deltafin fetch-experts` would download {}",
             m.repo,
             total - n,
             total,
-            bytes as f64 / 1e9
+            indicatif::HumanBytes(bytes)
         );
     }
     Ok(model)

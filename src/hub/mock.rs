@@ -173,6 +173,11 @@ fn async_stream(
 impl MockHub {
     /// Serves `dir` as repository `repo` (`owner/name`) on a free loopback port.
     pub fn start(dir: &Path, repo: &str) -> Result<MockHub> {
+        Self::start_on(dir, repo, "127.0.0.1:0")
+    }
+
+    /// Serves `dir` as `repo` on `addr` (e.g. `127.0.0.1:8090`).
+    pub fn start_on(dir: &Path, repo: &str, addr: &str) -> Result<MockHub> {
         let state = Arc::new(MockState {
             root: dir.to_path_buf(),
             repo: repo.to_string(),
@@ -180,7 +185,7 @@ impl MockHub {
             gets: AtomicUsize::new(0),
             ranged_gets: AtomicUsize::new(0),
         });
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")
+        let std_listener = std::net::TcpListener::bind(addr)
             .map_err(|e| Error::Msg(format!("mock hub: bind: {e}")))?;
         std_listener
             .set_nonblocking(true)
@@ -249,6 +254,15 @@ impl MockHub {
     /// GET requests with a `Range` header served so far.
     pub fn ranged_gets(&self) -> usize {
         self.state.ranged_gets.load(Ordering::SeqCst)
+    }
+}
+
+impl MockHub {
+    /// Blocks until the server thread ends (it runs until the process is stopped).
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

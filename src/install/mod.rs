@@ -222,13 +222,13 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
     } else {
         Mode::Stream
     });
-    let gb = |b: u64| b as f64 / 1e9;
+    let hb = indicatif::HumanBytes;
     say(&format!(
-        "disk plan: full install needs {:.2} GB, streaming {:.2} GB now (+ up to {:.2} GB of experts as they are used); {:.2} GB free; mode: {:?}",
-        gb(full_bytes),
-        gb(stream_bytes),
-        gb(expert_bytes),
-        gb(free),
+        "disk plan: a full install needs {}, streaming {} now (+ up to {} of experts as they are used); {} free; mode: {:?}",
+        hb(full_bytes),
+        hb(stream_bytes),
+        hb(expert_bytes),
+        hb(free),
         mode
     ));
     let plan = Plan {
@@ -248,10 +248,10 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
     };
     if free < needed {
         return Err(Error::Msg(format!(
-            "not enough disk space in {}: {:.2} GB needed, {:.2} GB free",
+            "not enough disk space in {}: {} needed, {} free",
             root.display(),
-            gb(needed),
-            gb(free)
+            hb(needed),
+            hb(free)
         )));
     }
     match mode {
