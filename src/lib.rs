@@ -31,6 +31,7 @@ pub mod install;
 pub mod model;
 pub mod mxfp4;
 pub mod progress;
+pub mod server;
 pub mod spine;
 pub mod tokenizer;
 

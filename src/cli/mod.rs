@@ -55,6 +55,8 @@ pub enum Command {
         #[arg(long, default_value = "127.0.0.1:8090")]
         listen: String,
     },
+    /// OpenAI-compatible server (`/v1/models`, `/v1/chat/completions`, `/v1/completions`).
+    Serve(run::ServeArgs),
     /// Generate from a prompt (text, chat, or token ids).
     Run(run::RunArgs),
     /// Convert the spine to row-int8 (resumable; the model then uses it automatically).
@@ -231,6 +233,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Run(a) => run::run(&a)?,
+        Command::Serve(a) => run::serve(&a)?,
         Command::Setup(a) => install::run_setup(&a)?,
         Command::MockHub { dir, repo, listen } => {
             let hub = crate::hub::mock::MockHub::start_on(&dir, &repo, &listen)?;

@@ -343,3 +343,67 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Arguments of `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Model directory.
+    #[arg(long)]
+    pub model_root: PathBuf,
+    /// Address to bind (loopback by default; there is no authentication: put a reverse proxy
+    /// with authentication in front before exposing the port).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Model id reported by /v1/models and accepted in requests.
+    #[arg(long, default_value = "deltafin-kimi-k3")]
+    pub model_id: String,
+    /// Hard ceiling on new tokens per request (also `K3_SERVER_MAX_TOKENS`).
+    #[arg(long, env = "K3_SERVER_MAX_TOKENS", default_value_t = 32768)]
+    pub max_tokens: usize,
+    /// Requests that may wait while one generates (beyond that: 429).
+    #[arg(long, default_value_t = 0)]
+    pub queue: usize,
+    /// Largest request body in MiB (beyond that: 413).
+    #[arg(long, default_value_t = 16)]
+    pub body_limit_mb: usize,
+    /// Expert store settings.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Runs `deltafin serve`.
+pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
+    let model = load_model(&a.model_root, &a.store)?;
+    let tok = Tokenizer::from_dir(&a.model_root)?;
+    let cfg = crate::server::ServerConfig {
+        model_id: a.model_id.clone(),
+        max_tokens: a.max_tokens.max(1),
+        queue: a.queue,
+        body_limit: a.body_limit_mb.max(1) << 20,
+        ..Default::default()
+    };
+    let state = crate::server::AppState::new(model, tok, cfg);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
+        eprintln!(
+            "serving {} as `{}` at http://{} (OpenAI-compatible; no authentication)",
+            a.model_root.display(),
+            a.model_id,
+            listener.local_addr()?
+        );
+        if crate::install::read_manifest(&a.model_root).is_some_and(|m| m.mode == "stream") {
+            eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
+        }
+        tokio::select! {
+            r = crate::server::serve(listener, state) => r.map_err(anyhow::Error::from),
+            _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); Ok(()) }
+        }
+    })
+}

@@ -44,6 +44,8 @@ pub struct Generation {
     pub decode_ms: f64,
 }
 
+pub mod sample;
+
 /// Index of the first maximal value (NaNs never win).
 pub fn argmax(v: &[f32]) -> u32 {
     let mut best = 0usize;
@@ -81,6 +83,26 @@ impl<'m> Generator<'m> {
         prompt: &[u32],
         opts: &GenerateOptions,
         cancel: &AtomicBool,
+        on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
+        self.generate_with(
+            state,
+            prompt,
+            opts,
+            cancel,
+            &mut |l: &[f32]| argmax(l),
+            on_token,
+        )
+    }
+
+    /// `generate` with a token chooser (greedy, or a `Sampler`).
+    pub fn generate_with(
+        &self,
+        state: &mut SeqState,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
         mut on_token: impl FnMut(u32),
     ) -> Result<Generation> {
         let mut out = Generation {
@@ -104,7 +126,7 @@ impl<'m> Generator<'m> {
         out.first_step_top = top_k(&logits, 10);
         let t1 = Instant::now();
         loop {
-            let next = argmax(&logits);
+            let next = choose(&logits);
             out.generated_ids.push(next);
             on_token(next);
             if opts.stop_ids.contains(&next) {

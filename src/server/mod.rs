@@ -1,0 +1,488 @@
+//! An OpenAI-compatible server (axum): `/v1/models`, `/v1/chat/completions`,
+//! `/v1/completions`, streaming or not. One generation runs at a time; a bounded FIFO queue
+//! holds the next ones (429 with `Retry-After` when full). A client that goes away cancels its
+//! generation at the next token.
+
+pub mod validate;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use crate::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort};
+use crate::generate::sample::Sampler;
+use crate::generate::StopReason;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::{GenerateOptions, Generator, K3Model};
+use validate::{ApiError, Sampling};
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model id reported and accepted.
+    pub model_id: String,
+    /// Hard ceiling on new tokens per request.
+    pub max_tokens: usize,
+    /// Default new tokens for raw completions.
+    pub completion_default: usize,
+    /// Requests that may wait for the generation slot.
+    pub queue: usize,
+    /// Largest request body in bytes.
+    pub body_limit: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            model_id: "deltafin-kimi-k3".into(),
+            max_tokens: 32768,
+            completion_default: 256,
+            queue: 0,
+            body_limit: 16 << 20,
+        }
+    }
+}
+
+/// Shared server state.
+pub struct AppState {
+    model: Arc<K3Model>,
+    tok: Arc<Tokenizer>,
+    cfg: ServerConfig,
+    slot: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    next_id: AtomicUsize,
+}
+
+impl AppState {
+    /// State over a loaded model and its tokenizer.
+    pub fn new(model: K3Model, tok: Tokenizer, cfg: ServerConfig) -> Arc<Self> {
+        Arc::new(AppState {
+            model: Arc::new(model),
+            tok: Arc::new(tok),
+            cfg,
+            slot: Arc::new(Semaphore::new(1)),
+            waiting: AtomicUsize::new(0),
+            next_id: AtomicUsize::new(1),
+        })
+    }
+}
+
+/// The router.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.cfg.body_limit;
+    Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(|| async {
+            error(ApiError {
+                status: 404,
+                message: "unknown route".into(),
+                param: None,
+                kind: "not_found_error",
+            })
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serves on `listener` until the process stops.
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).await
+}
+
+fn error(e: ApiError) -> Response {
+    let mut r = (
+        StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST),
+        Json(e.body()),
+    )
+        .into_response();
+    if e.status == 429 {
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    r
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [{"id": st.cfg.model_id, "object": "model", "created": 0, "owned_by": "deltafin"}]})).into_response()
+}
+
+/// Decrements the waiting count when a queued request leaves, however it leaves.
+struct Waiting<'a>(&'a AtomicUsize);
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn admit(st: &AppState) -> Result<OwnedSemaphorePermit, ApiError> {
+    if let Ok(p) = st.slot.clone().try_acquire_owned() {
+        return Ok(p);
+    }
+    if st.waiting.fetch_add(1, Ordering::SeqCst) >= st.cfg.queue {
+        st.waiting.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError {
+            status: 429,
+            message: "the server is busy and its queue is full; retry later".into(),
+            param: None,
+            kind: "rate_limit_error",
+        });
+    }
+    let _w = Waiting(&st.waiting);
+    st.slot.clone().acquire_owned().await.map_err(|_| ApiError {
+        status: 503,
+        message: "server shutting down".into(),
+        param: None,
+        kind: "server_error",
+    })
+}
+
+fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    match v.get("model").and_then(|m| m.as_str()) {
+        Some(m) if m != st.cfg.model_id => Err(ApiError {
+            status: 404,
+            message: format!(
+                "model `{m}` does not exist (this server serves `{}`)",
+                st.cfg.model_id
+            ),
+            param: Some("model".into()),
+            kind: "invalid_request_error",
+        }),
+        _ => Ok(()),
+    }
+}
+
+enum Ev {
+    Delta(Delta),
+    Done {
+        finish: &'static str,
+        prompt: usize,
+        completion: usize,
+    },
+    Failed(String),
+}
+
+fn seed_of(s: &Sampling) -> u64 {
+    s.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    })
+}
+
+/// Runs one generation on a blocking thread, sending deltas; stops when the receiver is gone.
+fn spawn_generation(
+    st: Arc<AppState>,
+    permit: OwnedSemaphorePermit,
+    ids: Vec<u32>,
+    max_new: usize,
+    s: Sampling,
+    chat: Option<bool>,
+) -> mpsc::UnboundedReceiver<Ev> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let cancel = AtomicBool::new(false);
+        let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
+        let mut dec = StreamDecoder::new();
+        let mut split = ChatSplitter::new(chat.unwrap_or(false));
+        let opts = GenerateOptions {
+            max_new,
+            stop_ids: vec![st.model.config().eos_token_id],
+        };
+        let send = |d: Vec<Delta>, cancel: &AtomicBool| {
+            for x in d {
+                if tx.send(Ev::Delta(x)).is_err() {
+                    cancel.store(true, Ordering::SeqCst);
+                }
+            }
+        };
+        let mut state = st.model.new_state();
+        let res = Generator::new(&st.model).generate_with(
+            &mut state,
+            &ids,
+            &opts,
+            &cancel,
+            &mut |l: &[f32]| sampler.choose(l),
+            |id| {
+                let text = dec.push(&st.tok, id);
+                match chat {
+                    Some(_) => send(split.push(&text), &cancel),
+                    None => send(vec![Delta::Content(text)], &cancel),
+                }
+            },
+        );
+        match res {
+            Ok(g) => {
+                let rest = dec.finish();
+                match chat {
+                    Some(_) => {
+                        let mut d = split.push(&rest);
+                        d.extend(split.finish());
+                        send(d, &cancel);
+                    }
+                    None => send(vec![Delta::Content(rest)], &cancel),
+                }
+                let finish = if g.stop == StopReason::Stop {
+                    "stop"
+                } else {
+                    "length"
+                };
+                let _ = tx.send(Ev::Done {
+                    finish,
+                    prompt: ids.len(),
+                    completion: g.generated_ids.len(),
+                });
+            }
+            Err(e) => {
+                let _ = tx.send(Ev::Failed(e.to_string()));
+            }
+        }
+    });
+    rx
+}
+
+fn usage(p: usize, c: usize) -> Value {
+    json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Builds one chunk: a delta (or, with `None`, the final chunk) and a finish reason.
+type ChunkFn = Arc<dyn Fn(Option<Delta>, Value) -> Value + Send + Sync>;
+
+/// The SSE response for a generation: optional first chunk, one chunk per delta, the finish
+/// chunk, the usage chunk when asked, `[DONE]`; comment keep-alives meanwhile.
+fn sse(
+    rx: mpsc::UnboundedReceiver<Ev>,
+    first: Option<Value>,
+    chunk: ChunkFn,
+    include_usage: bool,
+) -> Response {
+    let events = futures_util::stream::unfold((rx, first, false), move |(mut rx, first, done)| {
+        let chunk = chunk.clone();
+        async move {
+            if let Some(f) = first {
+                return Some((
+                    vec![Event::default().data(f.to_string())],
+                    (rx, None, false),
+                ));
+            }
+            if done {
+                return None;
+            }
+            match rx.recv().await {
+                Some(Ev::Delta(d)) => Some((
+                    vec![Event::default().data(chunk(Some(d), Value::Null).to_string())],
+                    (rx, None, false),
+                )),
+                Some(Ev::Done {
+                    finish,
+                    prompt,
+                    completion,
+                }) => {
+                    let mut out =
+                        vec![Event::default().data(chunk(None, json!(finish)).to_string())];
+                    if include_usage {
+                        let mut u = chunk(None, Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage(prompt, completion);
+                        out.push(Event::default().data(u.to_string()));
+                    }
+                    out.push(Event::default().data("[DONE]"));
+                    Some((out, (rx, None, true)))
+                }
+                Some(Ev::Failed(m)) => Some((
+                    vec![
+                        Event::default().data(
+                            json!({"error": {"message": m, "type": "server_error"}}).to_string(),
+                        ),
+                        Event::default().data("[DONE]"),
+                    ],
+                    (rx, None, true),
+                )),
+                None => None,
+            }
+        }
+    });
+    let flat = futures_util::StreamExt::flat_map(events, |v| {
+        futures_util::stream::iter(v.into_iter().map(Ok::<_, Infallible>))
+    });
+    Sse::new(flat)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(Duration::from_secs(5))
+                .text("keep-alive"),
+        )
+        .into_response()
+}
+
+/// Collects a whole generation: `(content, reasoning, finish, prompt tokens, completion tokens)`.
+async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Ev>,
+) -> Result<(String, String, &'static str, usize, usize), ApiError> {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Ev::Delta(Delta::Content(t)) => content.push_str(&t),
+            Ev::Delta(Delta::Reasoning(t)) => reasoning.push_str(&t),
+            Ev::Done {
+                finish,
+                prompt,
+                completion,
+            } => return Ok((content, reasoning, finish, prompt, completion)),
+            Ev::Failed(m) => {
+                return Err(ApiError {
+                    status: 500,
+                    message: m,
+                    param: None,
+                    kind: "server_error",
+                })
+            }
+        }
+    }
+    Err(ApiError {
+        status: 500,
+        message: "generation ended unexpectedly".into(),
+        param: None,
+        kind: "server_error",
+    })
+}
+
+async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req = match validate::chat(&body).and_then(|r| check_model(&body, &st).map(|_| r)) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    let effort = if req.thinking {
+        match Effort::resolve(req.effort.as_deref()) {
+            Ok(e) => Some(e),
+            Err(e) => return error(ApiError::bad("reasoning_effort", e.to_string())),
+        }
+    } else {
+        None
+    };
+    let segs = match render(
+        &req.messages,
+        &ChatOptions {
+            thinking: req.thinking,
+            effort,
+            tools: None,
+        },
+    ) {
+        Ok(s) => s,
+        Err(e) => return error(ApiError::bad("messages", e.to_string())),
+    };
+    let ids = encode_segments(&st.tok, &segs);
+    let max_new = req
+        .sampling
+        .max_tokens
+        .unwrap_or(st.cfg.max_tokens)
+        .min(st.cfg.max_tokens);
+    let permit = match admit(&st).await {
+        Ok(p) => p,
+        Err(e) => return error(e),
+    };
+    let id = format!("chatcmpl-{}", st.next_id.fetch_add(1, Ordering::SeqCst));
+    let (model, created, stream, include_usage) = (
+        st.cfg.model_id.clone(),
+        now(),
+        req.sampling.stream,
+        req.sampling.include_usage,
+    );
+    let rx = spawn_generation(
+        st.clone(),
+        permit,
+        ids,
+        max_new,
+        req.sampling,
+        Some(req.thinking),
+    );
+    if !stream {
+        return match collect(rx).await {
+            Ok((content, reasoning, finish, prompt, completion)) => {
+                let mut msg = json!({"role": "assistant", "content": content});
+                if req.thinking {
+                    msg["reasoning_content"] = json!(reasoning);
+                }
+                Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": usage(prompt, completion)}))
+                .into_response()
+            }
+            Err(e) => error(e),
+        };
+    }
+    let first = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": Value::Null}]});
+    let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
+        let delta = match d {
+            Some(Delta::Content(t)) => json!({"content": t}),
+            Some(Delta::Reasoning(t)) => json!({"reasoning_content": t}),
+            None => json!({}),
+        };
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    });
+    sse(rx, Some(first), chunk, include_usage)
+}
+
+async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req = match validate::completion(&body).and_then(|r| check_model(&body, &st).map(|_| r)) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    let ids = st.tok.encode_ordinary(&req.prompt);
+    let max_new = req
+        .sampling
+        .max_tokens
+        .unwrap_or(st.cfg.completion_default)
+        .min(st.cfg.max_tokens);
+    let permit = match admit(&st).await {
+        Ok(p) => p,
+        Err(e) => return error(e),
+    };
+    let id = format!("cmpl-{}", st.next_id.fetch_add(1, Ordering::SeqCst));
+    let (model, created, stream, include_usage) = (
+        st.cfg.model_id.clone(),
+        now(),
+        req.sampling.stream,
+        req.sampling.include_usage,
+    );
+    let rx = spawn_generation(st.clone(), permit, ids, max_new, req.sampling, None);
+    if !stream {
+        return match collect(rx).await {
+            Ok((text, _, finish, prompt, completion)) => Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}], "usage": usage(prompt, completion)}))
+            .into_response(),
+            Err(e) => error(e),
+        };
+    }
+    let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
+        let text = match d {
+            Some(Delta::Content(t)) | Some(Delta::Reasoning(t)) => t,
+            None => String::new(),
+        };
+        json!({"id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}]})
+    });
+    sse(rx, None, chunk, include_usage)
+}

@@ -1,0 +1,359 @@
+//! Request validation that fails closed: unknown or unsupported fields are a 400 naming the
+//! field, before any inference.
+
+use serde_json::{Map, Value};
+
+use crate::chat::Message;
+
+/// An OpenAI-shaped error.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// Message.
+    pub message: String,
+    /// Offending field.
+    pub param: Option<String>,
+    /// Error type.
+    pub kind: &'static str,
+}
+
+impl ApiError {
+    /// A 400 about `param`.
+    pub fn bad(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            param: Some(param.into()),
+            kind: "invalid_request_error",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        serde_json::json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": Value::Null}})
+    }
+}
+
+/// Settings common to both endpoints.
+#[derive(Debug, Clone)]
+pub struct Sampling {
+    /// Streaming response.
+    pub stream: bool,
+    /// Include a usage chunk when streaming.
+    pub include_usage: bool,
+    /// Requested token limit.
+    pub max_tokens: Option<usize>,
+    /// Temperature (None or 0: greedy).
+    pub temperature: f64,
+    /// Nucleus mass.
+    pub top_p: f64,
+    /// Seed for sampling.
+    pub seed: Option<u64>,
+}
+
+/// A validated chat request.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// Conversation.
+    pub messages: Vec<Message>,
+    /// Reasoning effort (`low`/`high`/`max`).
+    pub effort: Option<String>,
+    /// Thinking on/off.
+    pub thinking: bool,
+    /// Sampling and output settings.
+    pub sampling: Sampling,
+}
+
+/// A validated completion request.
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    /// Prompt text.
+    pub prompt: String,
+    /// Sampling and output settings.
+    pub sampling: Sampling,
+}
+
+const COMMON: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "n",
+    "user",
+    "stop",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+];
+const UNSUPPORTED: &[&str] = &[
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "logit_bias",
+    "top_logprobs",
+    "response_format",
+    "suffix",
+    "echo",
+    "best_of",
+];
+
+fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad("body", format!("request body is not valid JSON: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::bad("body", "request body must be a JSON object")),
+    }
+}
+
+fn check_fields(m: &Map<String, Value>, extra: &[&str]) -> Result<(), ApiError> {
+    for k in m.keys() {
+        if UNSUPPORTED.contains(&k.as_str()) {
+            return Err(ApiError::bad(
+                k,
+                format!("`{k}` is not supported by this server"),
+            ));
+        }
+        if !COMMON.contains(&k.as_str()) && !extra.contains(&k.as_str()) {
+            return Err(ApiError::bad(k, format!("unknown field `{k}`")));
+        }
+    }
+    Ok(())
+}
+
+fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
+    let num = |k: &str| -> Result<Option<f64>, ApiError> {
+        match m.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| ApiError::bad(k, format!("`{k}` must be a number"))),
+        }
+    };
+    if let Some(n) = num("n")? {
+        if n != 1.0 {
+            return Err(ApiError::bad("n", "only n = 1 is supported"));
+        }
+    }
+    match m.get("stop") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if a.is_empty() => {}
+        Some(_) => return Err(ApiError::bad("stop", "stop sequences are not supported")),
+    }
+    match m.get("logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(_) => return Err(ApiError::bad("logprobs", "logprobs are not supported")),
+    }
+    for k in ["presence_penalty", "frequency_penalty"] {
+        if num(k)?.is_some_and(|v| v != 0.0) {
+            return Err(ApiError::bad(k, format!("`{k}` is not supported")));
+        }
+    }
+    let stream = match m.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("stream", "`stream` must be a boolean")),
+    };
+    let include_usage = match m.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.keys().find(|k| *k != "include_usage") {
+                return Err(ApiError::bad(
+                    &format!("stream_options.{k}"),
+                    format!("unknown field `{k}`"),
+                ));
+            }
+            o.get("include_usage")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false)
+        }
+        Some(_) => {
+            return Err(ApiError::bad(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
+    };
+    let max_tokens = match num("max_tokens")?.or(num("max_completion_tokens")?) {
+        Some(v) if v >= 1.0 && v.fract() == 0.0 => Some(v as usize),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "max_tokens",
+                "`max_tokens` must be a positive integer",
+            ))
+        }
+        None => None,
+    };
+    let temperature = num("temperature")?.unwrap_or(0.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad(
+            "temperature",
+            "`temperature` must be between 0 and 2",
+        ));
+    }
+    let top_p = num("top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad("top_p", "`top_p` must be in (0, 1]"));
+    }
+    let seed = match num("seed")? {
+        Some(v) if v >= 0.0 && v.fract() == 0.0 => Some(v as u64),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "seed",
+                "`seed` must be a non-negative integer",
+            ))
+        }
+        None => None,
+    };
+    Ok(Sampling {
+        stream,
+        include_usage,
+        max_tokens,
+        temperature,
+        top_p,
+        seed,
+    })
+}
+
+fn text_content(v: &Value, field: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Null => Ok(String::new()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                match (
+                    p.get("type").and_then(|t| t.as_str()),
+                    p.get("text").and_then(|t| t.as_str()),
+                ) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    (Some(t), _) => {
+                        return Err(ApiError::bad(
+                            &format!("{field}[{i}].type"),
+                            format!("content part type `{t}` is not supported (text only)"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::bad(
+                            &format!("{field}[{i}]"),
+                            "content parts need a `type`",
+                        ))
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(ApiError::bad(
+            field,
+            "content must be a string or a list of text parts",
+        )),
+    }
+}
+
+/// Validates a chat completion request body.
+pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let m = object(body)?;
+    check_fields(
+        &m,
+        &[
+            "messages",
+            "reasoning_effort",
+            "max_completion_tokens",
+            "thinking",
+        ],
+    )?;
+    let msgs = m
+        .get("messages")
+        .and_then(|v| v.as_array())
+        .ok_or_else(|| ApiError::bad("messages", "`messages` must be a non-empty array"))?;
+    if msgs.is_empty() {
+        return Err(ApiError::bad("messages", "`messages` must not be empty"));
+    }
+    let mut messages = Vec::new();
+    for (i, v) in msgs.iter().enumerate() {
+        let f = format!("messages[{i}]");
+        let o = v
+            .as_object()
+            .ok_or_else(|| ApiError::bad(&f, "a message must be an object"))?;
+        for k in o.keys() {
+            if !["role", "content", "reasoning_content", "name"].contains(&k.as_str()) {
+                return Err(ApiError::bad(
+                    &format!("{f}.{k}"),
+                    format!("unknown or unsupported message field `{k}`"),
+                ));
+            }
+        }
+        let role = o
+            .get("role")
+            .and_then(|r| r.as_str())
+            .ok_or_else(|| ApiError::bad(&format!("{f}.role"), "missing role"))?;
+        if !["system", "user", "assistant"].contains(&role) {
+            return Err(ApiError::bad(
+                &format!("{f}.role"),
+                format!("role `{role}` is not supported"),
+            ));
+        }
+        let mut msg = Message::new(
+            role,
+            &text_content(
+                o.get("content").unwrap_or(&Value::Null),
+                &format!("{f}.content"),
+            )?,
+        );
+        msg.reasoning_content = o
+            .get("reasoning_content")
+            .and_then(|r| r.as_str())
+            .map(String::from);
+        msg.name = o.get("name").and_then(|r| r.as_str()).map(String::from);
+        messages.push(msg);
+    }
+    let effort = match m.get("reasoning_effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => {
+            crate::chat::Effort::parse(s)
+                .map_err(|e| ApiError::bad("reasoning_effort", e.to_string()))?;
+            Some(s.clone())
+        }
+        Some(_) => {
+            return Err(ApiError::bad(
+                "reasoning_effort",
+                "`reasoning_effort` must be a string",
+            ))
+        }
+    };
+    let thinking = match m.get("thinking") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("thinking", "`thinking` must be a boolean")),
+    };
+    Ok(ChatRequest {
+        messages,
+        effort,
+        thinking,
+        sampling: sampling(&m)?,
+    })
+}
+
+/// Validates a completion request body.
+pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    let m = object(body)?;
+    check_fields(&m, &["prompt"])?;
+    let prompt = match m.get("prompt") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) => {
+            return Err(ApiError::bad("prompt", "`prompt` must not be empty"))
+        }
+        Some(_) => return Err(ApiError::bad("prompt", "`prompt` must be a string")),
+        None => return Err(ApiError::bad("prompt", "missing `prompt`")),
+    };
+    Ok(CompletionRequest {
+        prompt,
+        sampling: sampling(&m)?,
+    })
+}

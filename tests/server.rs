@@ -1,0 +1,301 @@
+//! The OpenAI-compatible server on K3-nano, over real loopback HTTP.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use deltafin::server::{AppState, ServerConfig};
+use deltafin::tokenizer::Tokenizer;
+use deltafin::K3Model;
+use serde_json::{json, Value};
+
+fn start(cfg: ServerConfig) -> SocketAddr {
+    let dir = common::nano();
+    let model = K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let state = AppState::new(model, tok, cfg);
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            deltafin::server::serve(l, state).await.unwrap();
+        });
+    });
+    addr
+}
+
+/// A minimal HTTP/1.1 client: returns (status, headers, body).
+fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("0")
+        .parse()
+        .unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    (status, head.to_string(), body)
+}
+
+fn dechunk(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some((len, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    out
+}
+
+fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn endpoints_streaming_and_not() {
+    let addr = start(ServerConfig {
+        max_tokens: 8,
+        ..Default::default()
+    });
+    let (st, _, b) = http(addr, "GET", "/v1/models", "");
+    assert_eq!(st, 200);
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["data"][0]["id"], "deltafin-kimi-k3");
+
+    let req = json!({"model": "deltafin-kimi-k3", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6});
+    let (st, _, b) = http(addr, "POST", "/v1/chat/completions", &req.to_string());
+    assert_eq!(st, 200, "{b}");
+    let a: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(a["object"], "chat.completion");
+    assert_eq!(a["usage"]["completion_tokens"], 6);
+    assert_eq!(a["choices"][0]["finish_reason"], "length");
+    assert!(a["choices"][0]["message"]["reasoning_content"].is_string());
+    // Greedy determinism: the same request gives the same answer.
+    let (_, _, b2) = http(addr, "POST", "/v1/chat/completions", &req.to_string());
+    let a2: Value = serde_json::from_str(&b2).unwrap();
+    assert_eq!(a["choices"], a2["choices"]);
+
+    // Streaming: role chunk, deltas, finish chunk, usage chunk, [DONE].
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    sreq["stream_options"] = json!({"include_usage": true});
+    let (st, head, b) = http(addr, "POST", "/v1/chat/completions", &sreq.to_string());
+    assert_eq!(st, 200);
+    assert!(head.to_ascii_lowercase().contains("text/event-stream"));
+    let data = sse_data(&b);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let reasoning: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str())
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        reasoning,
+        a["choices"][0]["message"]["reasoning_content"]
+            .as_str()
+            .unwrap()
+    );
+    assert_eq!(
+        content,
+        a["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "length"
+    );
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 6);
+
+    // Completions, plain and streamed; the ceiling caps max_tokens.
+    let creq = json!({"prompt": "The capital of France is", "max_tokens": 100});
+    let (st, _, b) = http(addr, "POST", "/v1/completions", &creq.to_string());
+    assert_eq!(st, 200, "{b}");
+    let c: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        c["usage"]["completion_tokens"], 8,
+        "the --max-tokens ceiling applies"
+    );
+    let mut cs = creq.clone();
+    cs["stream"] = json!(true);
+    let (_, _, b) = http(addr, "POST", "/v1/completions", &cs.to_string());
+    let data = sse_data(&b);
+    let text: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(text, c["choices"][0]["text"].as_str().unwrap());
+
+    // Seeded sampling is reproducible.
+    let sreq = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 1.0, "seed": 42});
+    let one = http(addr, "POST", "/v1/chat/completions", &sreq.to_string()).2;
+    let two = http(addr, "POST", "/v1/chat/completions", &sreq.to_string()).2;
+    let pick = |b: &str| serde_json::from_str::<Value>(b).unwrap()["choices"].clone();
+    assert_eq!(pick(&one), pick(&two));
+}
+
+#[test]
+fn errors_fail_closed() {
+    let addr = start(ServerConfig {
+        body_limit: 4096,
+        ..Default::default()
+    });
+    let bad = |body: Value, param: &str| {
+        let (st, _, b) = http(addr, "POST", "/v1/chat/completions", &body.to_string());
+        assert_eq!(st, 400, "{b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["error"]["param"], param, "{b}");
+        assert!(v["error"]["message"].is_string() && v["error"]["type"].is_string());
+    };
+    let m = json!([{"role": "user", "content": "x"}]);
+    bad(json!({"messages": m, "frobnicate": 1}), "frobnicate");
+    bad(json!({"messages": m, "tools": []}), "tools");
+    bad(json!({"messages": m, "n": 2}), "n");
+    bad(json!({"messages": m, "stop": ["\n"]}), "stop");
+    bad(json!({"messages": m, "logprobs": true}), "logprobs");
+    bad(json!({"messages": []}), "messages");
+    bad(
+        json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+        "messages[0].content[0].type",
+    );
+    bad(
+        json!({"messages": m, "reasoning_effort": "medium"}),
+        "reasoning_effort",
+    );
+    let (st, _, _) = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        &json!({"prompt": ""}).to_string(),
+    );
+    assert_eq!(st, 400);
+    let (st, _, _) = http(addr, "POST", "/v1/chat/completions", "not json");
+    assert_eq!(st, 400);
+    let (st, _, _) = http(addr, "GET", "/v1/nope", "");
+    assert_eq!(st, 404);
+    let (st, _, _) = http(addr, "GET", "/v1/chat/completions", "");
+    assert_eq!(st, 405);
+    let big = json!({"messages": [{"role": "user", "content": "x".repeat(10_000)}]});
+    let (st, _, _) = http(addr, "POST", "/v1/chat/completions", &big.to_string());
+    assert_eq!(st, 413);
+    let (st, _, _) = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &json!({"model": "gpt-4", "messages": m}).to_string(),
+    );
+    assert_eq!(st, 404);
+}
+
+#[test]
+fn busy_queue_and_disconnect() {
+    let addr = start(ServerConfig {
+        queue: 0,
+        max_tokens: 1_000_000,
+        ..Default::default()
+    });
+    // A long streaming request holds the only slot.
+    let long = json!({"messages": [{"role": "user", "content": "go"}], "stream": true, "max_tokens": 1_000_000}).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap();
+    assert!(n > 0, "the stream has started");
+    let quick =
+        json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}).to_string();
+    let (st, head, _) = http(addr, "POST", "/v1/chat/completions", &quick);
+    assert_eq!(st, 429);
+    assert!(head.to_ascii_lowercase().contains("retry-after"));
+    // /v1/models never waits.
+    assert_eq!(http(addr, "GET", "/v1/models", "").0, 200);
+    // Dropping the connection cancels the generation and frees the slot.
+    drop(s);
+    let t0 = Instant::now();
+    loop {
+        let (st, _, _) = http(addr, "POST", "/v1/chat/completions", &quick);
+        if st == 200 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the slot was never freed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn load_test_gives_answers_or_429() {
+    let addr = start(ServerConfig {
+        queue: 8,
+        max_tokens: 4,
+        ..Default::default()
+    });
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).to_string();
+    let results: Vec<u16> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..8)
+            .map(|_| {
+                sc.spawn(|| {
+                    (0..50 / 8 + 1)
+                        .map(|_| http(addr, "POST", "/v1/chat/completions", &body).0)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let ok = results.iter().filter(|&&s| s == 200).count();
+    let busy = results.iter().filter(|&&s| s == 429).count();
+    eprintln!(
+        "load test: {} requests, {ok} answered, {busy} x 429",
+        results.len()
+    );
+    assert_eq!(ok + busy, results.len(), "{results:?}");
+    assert!(ok > 0);
+    assert_eq!(
+        http(addr, "GET", "/v1/models", "").0,
+        200,
+        "still answering afterwards"
+    );
+}
