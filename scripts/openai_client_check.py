@@ -1,0 +1,54 @@
+"""Drives a running deltafin server with the official `openai` Python package.
+
+Usage: python scripts/openai_client_check.py http://127.0.0.1:PORT/v1
+Checks models.list, a chat completion, a streamed chat completion (reading reasoning_content)
+and a completion. Exits non-zero on any failure.
+"""
+import sys
+
+from openai import OpenAI
+
+base = sys.argv[1]
+client = OpenAI(base_url=base, api_key="not-needed")
+
+models = client.models.list()
+ids = [m.id for m in models.data]
+assert ids == ["deltafin-kimi-k3"], ids
+
+chat = client.chat.completions.create(
+    model="deltafin-kimi-k3",
+    messages=[{"role": "user", "content": "Hello"}],
+    max_tokens=5,
+)
+choice = chat.choices[0]
+assert choice.finish_reason in ("stop", "length"), choice.finish_reason
+assert chat.usage.completion_tokens == 5, chat.usage
+reasoning = getattr(choice.message, "reasoning_content", None)
+if reasoning is None:
+    reasoning = (choice.message.model_extra or {}).get("reasoning_content")
+assert reasoning is not None, choice.message
+
+stream = client.chat.completions.create(
+    model="deltafin-kimi-k3",
+    messages=[{"role": "user", "content": "Hello"}],
+    max_tokens=5,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+streamed_reasoning, streamed_content, usage = "", "", None
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        extra = c.delta.model_extra or {}
+        streamed_reasoning += extra.get("reasoning_content") or ""
+        streamed_content += c.delta.content or ""
+assert usage is not None and usage.completion_tokens == 5, usage
+assert streamed_reasoning == reasoning, (streamed_reasoning, reasoning)
+assert streamed_content == (choice.message.content or ""), (streamed_content, choice.message.content)
+
+comp = client.completions.create(model="deltafin-kimi-k3", prompt="The capital of France is", max_tokens=4)
+assert comp.choices[0].finish_reason in ("stop", "length")
+assert comp.usage.completion_tokens == 4, comp.usage
+
+print("openai client check: models, chat, streamed chat (reasoning_content), completion: ok")
