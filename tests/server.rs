@@ -299,3 +299,34 @@ fn load_test_gives_answers_or_429() {
         "still answering afterwards"
     );
 }
+
+#[test]
+fn conversation_state_reuse_gives_the_same_tokens() {
+    let addr = start(ServerConfig::default());
+    let post = |body: Value| -> Value {
+        let (st, _, b) = http(addr, "POST", "/v1/chat/completions", &body.to_string());
+        assert_eq!(st, 200, "{b}");
+        serde_json::from_str(&b).unwrap()
+    };
+    let first = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1});
+    let r1 = post(first);
+    let p1 = r1["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The next turn's prompt extends the first one (an empty assistant turn renders no
+    // reasoning), so its state is reused.
+    let second = json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""},
+        {"role": "user", "content": "More please"}], "max_tokens": 5});
+    let reused = post(second.clone());
+    assert_eq!(
+        reused["usage"]["prompt_tokens_details"]["cached_tokens"],
+        p1
+    );
+    // Another conversation replaces the saved state; the same turn is then prefilled fresh.
+    post(json!({"messages": [{"role": "user", "content": "Something else"}], "max_tokens": 2}));
+    let fresh = post(second);
+    assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(fresh["choices"], reused["choices"]);
+    assert_eq!(
+        fresh["usage"]["prompt_tokens"],
+        reused["usage"]["prompt_tokens"]
+    );
+}

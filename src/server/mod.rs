@@ -62,6 +62,8 @@ pub struct AppState {
     slot: Arc<Semaphore>,
     waiting: AtomicUsize,
     next_id: AtomicUsize,
+    /// The tokens consumed by the last chat generation and the state after them.
+    last: std::sync::Mutex<Option<(Vec<u32>, crate::SeqState)>>,
 }
 
 impl AppState {
@@ -74,6 +76,7 @@ impl AppState {
             slot: Arc::new(Semaphore::new(1)),
             waiting: AtomicUsize::new(0),
             next_id: AtomicUsize::new(1),
+            last: std::sync::Mutex::new(None),
         })
     }
 }
@@ -171,6 +174,7 @@ enum Ev {
         finish: &'static str,
         prompt: usize,
         completion: usize,
+        cached: usize,
     },
     Failed(String),
 }
@@ -211,10 +215,16 @@ fn spawn_generation(
                 }
             }
         };
-        let mut state = st.model.new_state();
+        // Conversation reuse: continue from the last chat's state when this prompt extends it.
+        let (mut state, start) = match (chat, st.last.lock().ok().and_then(|l| l.clone())) {
+            (Some(_), Some((seq, snap))) if ids.len() > seq.len() && ids.starts_with(&seq) => {
+                (snap, seq.len())
+            }
+            _ => (st.model.new_state(), 0),
+        };
         let res = Generator::new(&st.model).generate_with(
             &mut state,
-            &ids,
+            &ids[start..],
             &opts,
             &cancel,
             &mut |l: &[f32]| sampler.choose(l),
@@ -242,10 +252,21 @@ fn spawn_generation(
                 } else {
                     "length"
                 };
+                if chat.is_some() && g.stop != StopReason::Cancelled {
+                    // The state holds the prompt and every generated token but the last.
+                    let mut seq = ids.clone();
+                    seq.extend_from_slice(
+                        &g.generated_ids[..g.generated_ids.len().saturating_sub(1)],
+                    );
+                    if let Ok(mut l) = st.last.lock() {
+                        *l = Some((seq, state));
+                    }
+                }
                 let _ = tx.send(Ev::Done {
                     finish,
                     prompt: ids.len(),
                     completion: g.generated_ids.len(),
+                    cached: start,
                 });
             }
             Err(e) => {
@@ -256,8 +277,8 @@ fn spawn_generation(
     rx
 }
 
-fn usage(p: usize, c: usize) -> Value {
-    json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
+fn usage(p: usize, c: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 fn now() -> u64 {
@@ -299,13 +320,14 @@ fn sse(
                     finish,
                     prompt,
                     completion,
+                    cached,
                 }) => {
                     let mut out =
                         vec![Event::default().data(chunk(None, json!(finish)).to_string())];
                     if include_usage {
                         let mut u = chunk(None, Value::Null);
                         u["choices"] = json!([]);
-                        u["usage"] = usage(prompt, completion);
+                        u["usage"] = usage(prompt, completion, cached);
                         out.push(Event::default().data(u.to_string()));
                     }
                     out.push(Event::default().data("[DONE]"));
@@ -339,7 +361,7 @@ fn sse(
 /// Collects a whole generation: `(content, reasoning, finish, prompt tokens, completion tokens)`.
 async fn collect(
     mut rx: mpsc::UnboundedReceiver<Ev>,
-) -> Result<(String, String, &'static str, usize, usize), ApiError> {
+) -> Result<(String, String, &'static str, Value), ApiError> {
     let (mut content, mut reasoning) = (String::new(), String::new());
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -349,7 +371,15 @@ async fn collect(
                 finish,
                 prompt,
                 completion,
-            } => return Ok((content, reasoning, finish, prompt, completion)),
+                cached,
+            } => {
+                return Ok((
+                    content,
+                    reasoning,
+                    finish,
+                    usage(prompt, completion, cached),
+                ))
+            }
             Ev::Failed(m) => {
                 return Err(ApiError {
                     status: 500,
@@ -419,13 +449,13 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     );
     if !stream {
         return match collect(rx).await {
-            Ok((content, reasoning, finish, prompt, completion)) => {
+            Ok((content, reasoning, finish, u)) => {
                 let mut msg = json!({"role": "assistant", "content": content});
                 if req.thinking {
                     msg["reasoning_content"] = json!(reasoning);
                 }
                 Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": usage(prompt, completion)}))
+                    "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": u}))
                 .into_response()
             }
             Err(e) => error(e),
@@ -470,8 +500,8 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     let rx = spawn_generation(st.clone(), permit, ids, max_new, req.sampling, None);
     if !stream {
         return match collect(rx).await {
-            Ok((text, _, finish, prompt, completion)) => Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}], "usage": usage(prompt, completion)}))
+            Ok((text, _, finish, u)) => Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}], "usage": u}))
             .into_response(),
             Err(e) => error(e),
         };
