@@ -330,3 +330,53 @@ fn conversation_state_reuse_gives_the_same_tokens() {
         reused["usage"]["prompt_tokens"]
     );
 }
+
+/// Opens a streaming chat request and returns the socket (the response is read by the caller).
+fn open_stream(addr: SocketAddr, max_tokens: usize) -> TcpStream {
+    let body = json!({"messages": [{"role": "user", "content": "go"}], "stream": true, "max_tokens": max_tokens}).to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    s
+}
+
+#[test]
+fn queued_streams_get_keepalives_and_run_in_order() {
+    let addr = start(ServerConfig {
+        queue: 2,
+        keepalive_secs: 1,
+        max_tokens: 1_000_000,
+        ..Default::default()
+    });
+    let mut a = open_stream(addr, 1_000_000);
+    let mut buf = [0u8; 256];
+    assert!(a.read(&mut buf).unwrap() > 0, "A is generating");
+    let mut b = open_stream(addr, 3);
+    std::thread::sleep(Duration::from_millis(50));
+    let c = open_stream(addr, 3);
+    // B waits in the queue and still receives SSE comment keep-alives.
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while !String::from_utf8_lossy(&got).contains(": keep-alive") {
+        let n = b.read(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..n]);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no keep-alive while queued"
+        );
+    }
+    // Free the slot: B then C complete, in arrival order.
+    drop(a);
+    let finish = |mut s: TcpStream| {
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+        Instant::now()
+    };
+    let (tb, tc) = std::thread::scope(|sc| {
+        let hb = sc.spawn(|| finish(b));
+        let hc = sc.spawn(|| finish(c));
+        (hb.join().unwrap(), hc.join().unwrap())
+    });
+    assert!(tb <= tc, "B (queued first) finished before C");
+}

@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub queue: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
+    /// Seconds between SSE comment keep-alives.
+    pub keepalive_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +52,7 @@ impl Default for ServerConfig {
             completion_default: 256,
             queue: 0,
             body_limit: 16 << 20,
+            keepalive_secs: 5,
         }
     }
 }
@@ -122,17 +125,25 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [{"id": st.cfg.model_id, "object": "model", "created": 0, "owned_by": "deltafin"}]})).into_response()
 }
 
+/// A place in line: the slot now, or a reserved place in the queue.
+enum Ticket {
+    Now(OwnedSemaphorePermit),
+    Queued(Waiting),
+}
+
 /// Decrements the waiting count when a queued request leaves, however it leaves.
-struct Waiting<'a>(&'a AtomicUsize);
-impl Drop for Waiting<'_> {
+struct Waiting(Arc<AppState>);
+
+impl Drop for Waiting {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-async fn admit(st: &AppState) -> Result<OwnedSemaphorePermit, ApiError> {
+/// Takes the slot or a queue place at once; 429 when the queue is full.
+fn reserve(st: &Arc<AppState>) -> Result<Ticket, ApiError> {
     if let Ok(p) = st.slot.clone().try_acquire_owned() {
-        return Ok(p);
+        return Ok(Ticket::Now(p));
     }
     if st.waiting.fetch_add(1, Ordering::SeqCst) >= st.cfg.queue {
         st.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -143,13 +154,54 @@ async fn admit(st: &AppState) -> Result<OwnedSemaphorePermit, ApiError> {
             kind: "rate_limit_error",
         });
     }
-    let _w = Waiting(&st.waiting);
-    st.slot.clone().acquire_owned().await.map_err(|_| ApiError {
-        status: 503,
-        message: "server shutting down".into(),
-        param: None,
-        kind: "server_error",
-    })
+    Ok(Ticket::Queued(Waiting(st.clone())))
+}
+
+/// Waits in line (FIFO: tokio's semaphore is fair) for the slot.
+async fn redeem(st: &AppState, t: Ticket) -> Result<OwnedSemaphorePermit, ApiError> {
+    match t {
+        Ticket::Now(p) => Ok(p),
+        Ticket::Queued(_w) => st.slot.clone().acquire_owned().await.map_err(|_| ApiError {
+            status: 503,
+            message: "server shutting down".into(),
+            param: None,
+            kind: "server_error",
+        }),
+    }
+}
+
+/// Waits for the slot, then generates; events flow as soon as they exist, so a streaming
+/// response (and its keep-alives) starts while the request is still queued. If the receiver
+/// goes away, waiting stops or the generation is cancelled at the next token.
+fn start(
+    st: Arc<AppState>,
+    ticket: Ticket,
+    ids: Vec<u32>,
+    max_new: usize,
+    s: Sampling,
+    chat: Option<bool>,
+) -> mpsc::UnboundedReceiver<Ev> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let permit = tokio::select! {
+            p = redeem(&st, ticket) => p,
+            _ = tx.closed() => return,
+        };
+        let permit = match permit {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = tx.send(Ev::Failed(e.message));
+                return;
+            }
+        };
+        let mut inner = spawn_generation(st, permit, ids, max_new, s, chat);
+        while let Some(ev) = inner.recv().await {
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
@@ -298,6 +350,7 @@ fn sse(
     first: Option<Value>,
     chunk: ChunkFn,
     include_usage: bool,
+    keepalive: u64,
 ) -> Response {
     let events = futures_util::stream::unfold((rx, first, false), move |(mut rx, first, done)| {
         let chunk = chunk.clone();
@@ -352,7 +405,7 @@ fn sse(
     Sse::new(flat)
         .keep_alive(
             KeepAlive::new()
-                .interval(Duration::from_secs(5))
+                .interval(Duration::from_secs(keepalive.max(1)))
                 .text("keep-alive"),
         )
         .into_response()
@@ -428,8 +481,8 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         .max_tokens
         .unwrap_or(st.cfg.max_tokens)
         .min(st.cfg.max_tokens);
-    let permit = match admit(&st).await {
-        Ok(p) => p,
+    let ticket = match reserve(&st) {
+        Ok(t) => t,
         Err(e) => return error(e),
     };
     let id = format!("chatcmpl-{}", st.next_id.fetch_add(1, Ordering::SeqCst));
@@ -439,9 +492,9 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         req.sampling.stream,
         req.sampling.include_usage,
     );
-    let rx = spawn_generation(
+    let rx = start(
         st.clone(),
-        permit,
+        ticket,
         ids,
         max_new,
         req.sampling,
@@ -472,7 +525,7 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     });
-    sse(rx, Some(first), chunk, include_usage)
+    sse(rx, Some(first), chunk, include_usage, st.cfg.keepalive_secs)
 }
 
 async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -486,8 +539,8 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         .max_tokens
         .unwrap_or(st.cfg.completion_default)
         .min(st.cfg.max_tokens);
-    let permit = match admit(&st).await {
-        Ok(p) => p,
+    let ticket = match reserve(&st) {
+        Ok(t) => t,
         Err(e) => return error(e),
     };
     let id = format!("cmpl-{}", st.next_id.fetch_add(1, Ordering::SeqCst));
@@ -497,7 +550,7 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         req.sampling.stream,
         req.sampling.include_usage,
     );
-    let rx = spawn_generation(st.clone(), permit, ids, max_new, req.sampling, None);
+    let rx = start(st.clone(), ticket, ids, max_new, req.sampling, None);
     if !stream {
         return match collect(rx).await {
             Ok((text, _, finish, u)) => Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
@@ -514,5 +567,5 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         json!({"id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}]})
     });
-    sse(rx, None, chunk, include_usage)
+    sse(rx, None, chunk, include_usage, st.cfg.keepalive_secs)
 }
