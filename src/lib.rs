@@ -1,8 +1,12 @@
 //! Kimi K3 on Candle: a streaming MoE runtime.
 //!
 //! The crate is organised as DESIGN.md describes: `config` (K3Config), `checkpoint`
-//! (safetensors headers, the tensor inventory, expert spans, fixture writers) and `mxfp4`
-//! (MXFP4 format and fused kernels).
+//! (safetensors headers, the tensor inventory, expert spans, fixture writers), `mxfp4` (MXFP4
+//! format and fused kernels), `model` (K3 as Candle modules), `spine` (dense weights: store,
+//! row-int8, pinned/streamed layers), `experts` (the tiered streaming expert store), `hub`
+//! (hf-hub range fetches and a mock hub), `tokenizer` and `chat` (K3's BPE and chat format),
+//! `generate` (greedy/sampled decoding), `install` (setup from the hub) and `server`
+//! (OpenAI-compatible HTTP).
 //!
 //! ```no_run
 //! use deltafin::{checkpoint::{ExpertIndex, Inventory}, K3Config};
