@@ -35,8 +35,11 @@ impl Memory {
         let cgroup_limit = read_u64("/sys/fs/cgroup/memory.max")
             .or_else(|| read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
             .filter(|&l| l < (1u64 << 60));
+        let total = field("MemTotal:");
+        #[cfg(target_os = "macos")]
+        let total = if total == 0 { macos_memsize() } else { total };
         Memory {
-            total: field("MemTotal:"),
+            total,
             available: field("MemAvailable:"),
             cgroup_limit,
         }
@@ -48,6 +51,28 @@ impl Memory {
             Some(l) => l.min(self.total),
             None => self.total,
         }
+    }
+}
+
+/// Physical memory on macOS (`sysctl hw.memsize`).
+#[cfg(target_os = "macos")]
+fn macos_memsize() -> u64 {
+    let mut v: u64 = 0;
+    let mut len = std::mem::size_of::<u64>();
+    // SAFETY: a NUL-terminated name and an out-parameter of the size we pass.
+    let rc = unsafe {
+        libc::sysctlbyname(
+            c"hw.memsize".as_ptr(),
+            (&mut v as *mut u64).cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if rc == 0 {
+        v
+    } else {
+        0
     }
 }
 
