@@ -8,7 +8,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::checkpoint::rng::Rng;
-use crate::mxfp4::{self, Kernel, Mxfp4Expert, Mxfp4Matrix};
+use crate::mxfp4::{self, Kernel, Mxfp4Expert};
 use crate::{Error, Result};
 
 /// Median, min and max of a sample.
@@ -184,17 +184,6 @@ pub fn mxfp4_bench(
         "expert_bytes": span}),
     );
     Ok(())
-}
-
-/// A K3-size MXFP4 matrix view over `bytes` (for ad-hoc measurements).
-pub fn k3_matrix(bytes: &[u8]) -> Result<Mxfp4Matrix<'_>> {
-    let n = INTER * LATENT / 2;
-    Mxfp4Matrix::new(
-        &bytes[..n],
-        &bytes[n..n + INTER * LATENT / 32],
-        INTER,
-        LATENT,
-    )
 }
 
 /// Options of `bench forward`.

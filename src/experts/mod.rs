@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, RwLock};
 
-use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
+use crate::checkpoint::{ExpertIndex, ExpertSpan, Inventory, ShardFiles};
 use crate::{Error, Result};
 
 pub mod buf;
@@ -43,7 +43,6 @@ pub trait ExpertProvider: Send + Sync {
 /// The simplest provider: reads spans from the local shards via the inventory and keeps every
 /// expert it has read in an in-RAM map.
 pub struct ShardExperts {
-    inv: Arc<Inventory>,
     index: Arc<ExpertIndex>,
     files: ShardFiles,
     cache: RwLock<HashMap<(usize, usize), ExpertBytes>>,
@@ -53,35 +52,48 @@ impl ShardExperts {
     /// A provider over local shards.
     pub fn new(inv: Arc<Inventory>, index: Arc<ExpertIndex>) -> Self {
         ShardExperts {
-            files: ShardFiles::new(inv.clone()),
-            inv,
+            files: ShardFiles::new(inv),
             index,
             cache: RwLock::new(HashMap::new()),
         }
     }
 
-    /// Reads one expert's canonical span: one read when contiguous, one per part otherwise.
+    /// Reads one expert's canonical span.
     pub fn read_span(&self, layer: usize, expert: usize) -> Result<Vec<u8>> {
         let span = self
             .index
             .span(layer, expert)
             .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {expert}")))?;
-        let f = self.files.get(span.shard)?;
-        let path = || self.inv.shard_path(span.shard);
         let mut buf = vec![0u8; span.len() as usize];
-        if span.is_contiguous() {
-            f.read_exact_at(&mut buf, span.start())
-                .map_err(|e| Error::io(path(), e))?;
-        } else {
-            let mut o = 0usize;
-            for &(start, len) in &span.parts {
-                f.read_exact_at(&mut buf[o..o + len as usize], start)
-                    .map_err(|e| Error::io(path(), e))?;
-                o += len as usize;
-            }
-        }
+        read_span_into(&self.files, span, &mut buf, CacheAdvice::Off)?;
         Ok(buf)
     }
+}
+
+/// Reads an expert's canonical span from its shard into `buf` (`span.len()` bytes): one
+/// positioned read when the six parts are contiguous, one per part otherwise.
+pub fn read_span_into(
+    files: &ShardFiles,
+    span: &ExpertSpan,
+    buf: &mut [u8],
+    advice: CacheAdvice,
+) -> Result<()> {
+    let f = files.get(span.shard)?;
+    disk::no_cache_on_open(&f, advice);
+    let contiguous = [(span.start(), span.len())];
+    let parts: &[(u64, u64)] = if span.is_contiguous() {
+        &contiguous
+    } else {
+        &span.parts
+    };
+    let mut o = 0usize;
+    for &(start, n) in parts {
+        f.read_exact_at(&mut buf[o..o + n as usize], start)
+            .map_err(|e| Error::io(files.inventory().shard_path(span.shard), e))?;
+        disk::drop_from_page_cache(&f, start, n, advice);
+        o += n as usize;
+    }
+    Ok(())
 }
 
 impl ExpertProvider for ShardExperts {

@@ -5,16 +5,15 @@
 //! layer are prefetched in the background.
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use super::buf::{BufPool, ExpertBuf};
-use super::disk::{drop_from_page_cache, no_cache_on_open, CacheAdvice, DiskCache};
+use super::disk::{CacheAdvice, DiskCache};
 use super::ram::{ExpertKey, RamTier};
-use super::{ExpertBytes, ExpertProvider};
+use super::{read_span_into, ExpertBytes, ExpertProvider};
 use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
 use crate::hub::HubRepo;
 use crate::{Error, Result};
@@ -22,8 +21,6 @@ use crate::{Error, Result};
 /// Where an expert came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
-    /// The RAM tier.
-    Ram,
     /// The raw-span disk cache.
     Disk,
     /// The local shards.
@@ -83,7 +80,6 @@ impl ExpertStats {
     fn count(&mut self, tier: Tier, bytes: usize) {
         let b = bytes as u64;
         match tier {
-            Tier::Ram => self.ram_experts += 1,
             Tier::Disk => {
                 self.disk_experts += 1;
                 self.disk_bytes += b;
@@ -138,7 +134,6 @@ struct Prefetches {
 
 pub(crate) struct Inner {
     pub(crate) index: Arc<ExpertIndex>,
-    inv: Option<Arc<Inventory>>,
     files: Option<ShardFiles>,
     pub(crate) disk: Option<DiskCache>,
     pub(crate) hub: Option<(Arc<HubRepo>, Arc<Inventory>)>,
@@ -177,23 +172,10 @@ impl Inner {
                 return Ok(Some((buf, Tier::Disk)));
             }
         }
-        let Some((inv, files)) = self.inv.as_ref().zip(self.files.as_ref()) else {
+        let Some(files) = self.files.as_ref() else {
             return Ok(None);
         };
-        let f = files.get(span.shard)?;
-        no_cache_on_open(&f, self.advice);
-        let mut o = 0usize;
-        let parts: Vec<(u64, u64)> = if span.is_contiguous() {
-            vec![(span.start(), span.len())]
-        } else {
-            span.parts.clone()
-        };
-        for (start, n) in parts {
-            f.read_exact_at(&mut buf[o..o + n as usize], start)
-                .map_err(|e| Error::io(inv.shard_path(span.shard), e))?;
-            drop_from_page_cache(&f, start, n, self.advice);
-            o += n as usize;
-        }
+        read_span_into(files, span, &mut buf, self.advice)?;
         Ok(Some((buf, Tier::Shard)))
     }
 
@@ -363,8 +345,7 @@ impl TieredExperts {
         Ok(TieredExperts {
             inner: Arc::new(Inner {
                 index,
-                files: inv.clone().map(ShardFiles::new),
-                inv,
+                files: inv.map(ShardFiles::new),
                 disk,
                 hub: None,
                 ram: Mutex::new(RamTier::new(opts.ram_budget, opts.decay)),

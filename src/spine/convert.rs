@@ -137,7 +137,7 @@ pub fn convert_spine(
     format: SpineFormat,
     progress: impl FnMut(usize, usize),
 ) -> Result<PathBuf> {
-    let spine = ShardSpine::new(std::sync::Arc::new(inv.clone()), candle::Device::Cpu);
+    let spine = ShardSpine::new(std::sync::Arc::new(inv.clone()));
     convert_spine_from(&spine, inv, num_layers, out_root, format, progress)
 }
 

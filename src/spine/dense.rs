@@ -37,10 +37,12 @@ pub struct DenseMatrix<'a> {
     pub cols: usize,
 }
 
-const LANES: usize = 16;
+/// Lanes of the dense reduction.
+pub(crate) const LANES: usize = 16;
 
+/// The fixed final reduction of the 16 lanes (pairwise halves); shared by every kernel.
 #[inline(always)]
-fn tree(acc: &[f32; LANES]) -> f32 {
+pub(crate) fn tree(acc: &[f32; LANES]) -> f32 {
     let mut a = *acc;
     let mut w = LANES / 2;
     while w > 0 {
@@ -112,10 +114,9 @@ impl<'a> DenseMatrix<'a> {
                     f32::from_bits((u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u32) << 16)
                 })
             }
-            DenseData::I8 { q, scales } => {
+            DenseData::I8 { q, .. } => {
                 let row = &q[r * c..(r + 1) * c];
-                let s = half::f16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]).to_f32();
-                dot_with(x, |i| row[i] as i8 as f32) * s
+                dot_with(x, |i| row[i] as i8 as f32) * self.row_scale(r)
             }
         }
     }
@@ -148,28 +149,42 @@ impl<'a> DenseMatrix<'a> {
         }
     }
 
+    /// The row scale (int8: the f16 scale; otherwise 1).
+    #[inline(always)]
+    pub fn row_scale(&self, r: usize) -> f32 {
+        match self.data {
+            DenseData::I8 { scales, .. } => {
+                half::f16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]).to_f32()
+            }
+            _ => 1.0,
+        }
+    }
+
     /// The element `W[r, c]` as f32 (reference path).
     pub fn get(&self, r: usize, c: usize) -> f32 {
-        let i = r * self.cols + c;
-        match self.data {
-            DenseData::F32(b) => {
-                f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-            }
-            DenseData::Bf16(b) => {
-                f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16)
-            }
-            DenseData::I8 { q, scales } => {
-                q[i] as i8 as f32
-                    * half::f16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]).to_f32()
-            }
-        }
+        self.get_raw(r, c) * self.row_scale(r)
     }
 
     /// The whole matrix as row-major f32 (for the few uses that need a tensor).
     pub fn to_f32(&self) -> Vec<f32> {
-        (0..self.rows * self.cols)
-            .map(|i| self.get(i / self.cols, i % self.cols))
-            .collect()
+        match self.data {
+            DenseData::F32(b) => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DenseData::Bf16(b) => b
+                .chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+                .collect(),
+            DenseData::I8 { q, .. } => {
+                let mut out = Vec::with_capacity(self.rows * self.cols);
+                for (r, row) in q.chunks_exact(self.cols.max(1)).enumerate() {
+                    let s = self.row_scale(r);
+                    out.extend(row.iter().map(|&v| v as i8 as f32 * s));
+                }
+                out
+            }
+        }
     }
 }
 

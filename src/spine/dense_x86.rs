@@ -4,21 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::dense::{DenseData, DenseMatrix};
-
-const LANES: usize = 16;
-
-#[inline(always)]
-fn tree(acc: &mut [f32; LANES]) -> f32 {
-    let mut w = LANES / 2;
-    while w > 0 {
-        for i in 0..w {
-            acc[i] += acc[i + w];
-        }
-        w /= 2;
-    }
-    acc[0]
-}
+use super::dense::{tree, DenseData, DenseMatrix, LANES};
 
 #[inline(always)]
 unsafe fn widen(data: &DenseData, r: usize, cols: usize, c: usize) -> __m512 {
@@ -63,11 +49,10 @@ pub unsafe fn dot_row_multi(m: &DenseMatrix, r: usize, xs: &[&[f32]], out: &mut 
             for (j, aj) in a.iter_mut().enumerate().take(cols - full) {
                 *aj += m.get_raw(r, full + j) * xs[t0 + t][full + j];
             }
-            let mut v = tree(&mut a);
-            if let DenseData::I8 { scales, .. } = m.data {
-                v *= half::f16::from_le_bytes([scales[2 * r], scales[2 * r + 1]]).to_f32();
-            }
-            out[t0 + t] = v;
+            out[t0 + t] = match m.data {
+                DenseData::I8 { .. } => tree(&a) * m.row_scale(r),
+                _ => tree(&a),
+            };
         }
         t0 += nt;
     }

@@ -12,25 +12,21 @@ pub mod source;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use candle::{Device, Tensor};
-
 use crate::checkpoint::{Inventory, ShardFiles, StDtype};
 use crate::{Error, Result};
 
 /// Reads spine tensors straight from the checkpoint shards (BF16/F16/F32 widened exactly).
 pub struct ShardSpine {
     inv: Arc<Inventory>,
-    device: Device,
     files: ShardFiles,
 }
 
 impl ShardSpine {
     /// A source over the shards listed in `inv`.
-    pub fn new(inv: Arc<Inventory>, device: Device) -> Self {
+    pub fn new(inv: Arc<Inventory>) -> Self {
         ShardSpine {
             files: ShardFiles::new(inv.clone()),
             inv,
-            device,
         }
     }
 
@@ -70,39 +66,4 @@ pub fn to_f32(bytes: &[u8], dtype: StDtype, name: &str) -> Result<Vec<f32>> {
             })
         }
     })
-}
-
-impl ShardSpine {
-    /// Rows `ids` of the 2-D tensor `name` `[rows, cols]` as f32 `[ids.len(), cols]`.
-    pub fn rows(&self, name: &str, shape: [usize; 2], ids: &[u32]) -> Result<Tensor> {
-        let t = self.inv.get(name).ok_or_else(|| Error::Tensor {
-            name: name.into(),
-            msg: format!("missing from the checkpoint in {}", self.inv.dir.display()),
-        })?;
-        if t.shape != shape {
-            return Err(Error::Tensor {
-                name: name.into(),
-                msg: format!(
-                    "expected shape {shape:?} from the config, found {:?}",
-                    t.shape
-                ),
-            });
-        }
-        let row_bytes = shape[1] as u64 * t.dtype.size();
-        let f = self.files.get(t.shard)?;
-        let mut out = Vec::with_capacity(ids.len() * shape[1]);
-        let mut buf = vec![0u8; row_bytes as usize];
-        for &id in ids {
-            if id as usize >= shape[0] {
-                return Err(Error::Tensor {
-                    name: name.into(),
-                    msg: format!("row {id} is outside 0..{}", shape[0]),
-                });
-            }
-            f.read_exact_at(&mut buf, t.start + id as u64 * row_bytes)
-                .map_err(|e| Error::io(self.inv.shard_path(t.shard), e))?;
-            out.extend(to_f32(&buf, t.dtype, name)?);
-        }
-        Ok(Tensor::from_vec(out, (ids.len(), shape[1]), &self.device)?)
-    }
 }

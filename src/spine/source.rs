@@ -186,7 +186,7 @@ impl Spine {
             }
             SpineChoice::Auto if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
             _ if complete(SpineFormat::Bf16) => (Backing::Files(store_dir(root, SpineFormat::Bf16)), SpineFormat::Bf16),
-            _ => (Backing::Shards(ShardSpine::new(inv.clone(), Device::Cpu)), SpineFormat::Bf16),
+            _ => (Backing::Shards(ShardSpine::new(inv.clone())), SpineFormat::Bf16),
         };
         let inner = Arc::new(Inner {
             backing,

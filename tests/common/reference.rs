@@ -76,7 +76,7 @@ impl Reference {
     pub fn load(dir: &Path) -> Reference {
         let cfg = K3Config::from_file(&dir.join("config.json")).unwrap();
         let inv = Arc::new(Inventory::from_dir(dir).unwrap());
-        let spine = ShardSpine::new(inv.clone(), candle::Device::Cpu);
+        let spine = ShardSpine::new(inv.clone());
         let mut w = HashMap::new();
         for (name, t) in inv.iter() {
             if t.dtype != StDtype::U8 && !name.contains("embed_tokens") {
