@@ -451,6 +451,37 @@ async fn collect(
     })
 }
 
+/// A request that got a slot or a queue place, with what its response needs.
+struct Launched {
+    rx: mpsc::UnboundedReceiver<Ev>,
+    id: String,
+    model: String,
+    created: u64,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Reserves a place (429 when the queue is full) and starts the generation.
+fn launch(
+    st: &Arc<AppState>,
+    prefix: &str,
+    ids: Vec<u32>,
+    max_new: usize,
+    s: Sampling,
+    chat: Option<bool>,
+) -> Result<Launched, ApiError> {
+    let ticket = reserve(st)?;
+    let (stream, include_usage) = (s.stream, s.include_usage);
+    Ok(Launched {
+        rx: start(st.clone(), ticket, ids, max_new, s, chat),
+        id: format!("{prefix}-{}", st.next_id.fetch_add(1, Ordering::SeqCst)),
+        model: st.cfg.model_id.clone(),
+        created: now(),
+        stream,
+        include_usage,
+    })
+}
+
 async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     let req = match validate::chat(&body).and_then(|r| check_model(&body, &st).map(|_| r)) {
         Ok(r) => r,
@@ -481,25 +512,24 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         .max_tokens
         .unwrap_or(st.cfg.max_tokens)
         .min(st.cfg.max_tokens);
-    let ticket = match reserve(&st) {
-        Ok(t) => t,
-        Err(e) => return error(e),
-    };
-    let id = format!("chatcmpl-{}", st.next_id.fetch_add(1, Ordering::SeqCst));
-    let (model, created, stream, include_usage) = (
-        st.cfg.model_id.clone(),
-        now(),
-        req.sampling.stream,
-        req.sampling.include_usage,
-    );
-    let rx = start(
-        st.clone(),
-        ticket,
+    let Launched {
+        rx,
+        id,
+        model,
+        created,
+        stream,
+        include_usage,
+    } = match launch(
+        &st,
+        "chatcmpl",
         ids,
         max_new,
         req.sampling,
         Some(req.thinking),
-    );
+    ) {
+        Ok(l) => l,
+        Err(e) => return error(e),
+    };
     if !stream {
         return match collect(rx).await {
             Ok((content, reasoning, finish, u)) => {
@@ -539,18 +569,17 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         .max_tokens
         .unwrap_or(st.cfg.completion_default)
         .min(st.cfg.max_tokens);
-    let ticket = match reserve(&st) {
-        Ok(t) => t,
+    let Launched {
+        rx,
+        id,
+        model,
+        created,
+        stream,
+        include_usage,
+    } = match launch(&st, "cmpl", ids, max_new, req.sampling, None) {
+        Ok(l) => l,
         Err(e) => return error(e),
     };
-    let id = format!("cmpl-{}", st.next_id.fetch_add(1, Ordering::SeqCst));
-    let (model, created, stream, include_usage) = (
-        st.cfg.model_id.clone(),
-        now(),
-        req.sampling.stream,
-        req.sampling.include_usage,
-    );
-    let rx = start(st.clone(), ticket, ids, max_new, req.sampling, None);
     if !stream {
         return match collect(rx).await {
             Ok((text, _, finish, u)) => Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
