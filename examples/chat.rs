@@ -41,7 +41,9 @@ fn main() -> anyhow::Result<()> {
     let thinking = !args.iter().any(|a| a == "--no-thinking");
     let show_reasoning = args.iter().any(|a| a == "--show-reasoning");
     let root = model_root(args.iter().find(|a| !a.starts_with("--")).cloned())?;
-    let model = K3Model::from_dir(&root, &candle::Device::Cpu)?;
+    // Metal when built with `--features metal` on a Mac, else the CPU.
+    let device = deltafin::gpu::select(deltafin::gpu::DeviceChoice::Auto)?;
+    let model = K3Model::from_dir(&root, &device)?;
     let tok = Tokenizer::from_dir(&root)?;
     let cancel = Arc::new(AtomicBool::new(false));
     {

@@ -14,11 +14,14 @@ inline float bits_to_float(uint b) { return as_type<float>(b); }
 typedef uint8_t uchar;
 typedef uint16_t ushort;
 typedef uint32_t uint;
+typedef uint64_t ulong;
 #define kernel
 #define device
 #define thread
 #define constant const
+using std::exp;
 using std::fma;
+using std::tanh;
 inline float bits_to_float(uint b) {
     float f;
     std::memcpy(&f, &b, 4);

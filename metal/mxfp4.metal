@@ -39,3 +39,56 @@ kernel void mxfp4_gemv(device const uchar* packed [[buffer(0)]],
     uint groups = cols / 32;
     y[row] = mxfp4_row_dot(packed + row * (cols / 2), scales + row * groups, x, groups);
 }
+
+// SiTU in Kimi's operation order (src/mxfp4/expert.rs):
+// ((tanh(g/β)·β)·σ(g)) · (tanh(u/β_lin)·β_lin).
+inline float situ(float g, float u, float beta, float linear_beta) {
+    float sig = 1.0f / (1.0f + exp(-g));
+    float gate = (tanh(g / beta) * beta) * sig;
+    float up = tanh(u / linear_beta) * linear_beta;
+    return gate * up;
+}
+
+// One layer's selected experts in one dispatch each way. `stage` holds the experts' raw spans
+// (w1 gate, w2 down, w3 up; each packed codes then E8M0 scales); pair p = (expert, input row)
+// reads its span at byte `base[p]` and its latent input row `z[p]`.
+// Step 1: h[p][r] = SiTU(w1[r]·z[p], w3[r]·z[p]) for r < inter.
+kernel void mxfp4_experts_gate_up(device const uchar* stage [[buffer(0)]],
+                                  device const ulong* base [[buffer(1)]],
+                                  device const float* z [[buffer(2)]],
+                                  device float* h [[buffer(3)]],
+                                  constant uint& inter [[buffer(4)]],
+                                  constant uint& latent [[buffer(5)]],
+                                  constant uint& pairs [[buffer(6)]],
+                                  constant float& beta [[buffer(7)]],
+                                  constant float& linear_beta [[buffer(8)]],
+                                  uint i [[thread_position_in_grid]]) {
+    if (i >= inter * pairs) return;
+    uint p = i / inter, r = i % inter;
+    ulong packed = ulong(inter) * latent / 2, scales = ulong(inter) * latent / 32;
+    device const uchar* w1 = stage + base[p];
+    device const uchar* w3 = w1 + 2 * (packed + scales);
+    uint groups = latent / 32;
+    device const float* zp = z + ulong(p) * latent;
+    float g = mxfp4_row_dot(w1 + ulong(r) * (latent / 2), w1 + packed + ulong(r) * groups, zp, groups);
+    float u = mxfp4_row_dot(w3 + ulong(r) * (latent / 2), w3 + packed + ulong(r) * groups, zp, groups);
+    h[i] = situ(g, u, beta, linear_beta);
+}
+
+// Step 2: y[p][r] = w2[r]·h[p] for r < latent.
+kernel void mxfp4_experts_down(device const uchar* stage [[buffer(0)]],
+                               device const ulong* base [[buffer(1)]],
+                               device const float* h [[buffer(2)]],
+                               device float* y [[buffer(3)]],
+                               constant uint& inter [[buffer(4)]],
+                               constant uint& latent [[buffer(5)]],
+                               constant uint& pairs [[buffer(6)]],
+                               uint i [[thread_position_in_grid]]) {
+    if (i >= latent * pairs) return;
+    uint p = i / latent, r = i % latent;
+    ulong packed = ulong(inter) * latent / 2, scales = ulong(inter) * latent / 32;
+    device const uchar* w2 = stage + base[p] + packed + scales;
+    uint groups = inter / 32;
+    y[i] = mxfp4_row_dot(w2 + ulong(r) * (inter / 2), w2 + packed + ulong(r) * groups,
+                         h + ulong(p) * inter, groups);
+}

@@ -30,6 +30,7 @@ pub mod config;
 pub mod error;
 pub mod experts;
 pub mod generate;
+pub mod gpu;
 pub mod hub;
 pub mod install;
 pub mod model;

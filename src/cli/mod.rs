@@ -153,6 +153,9 @@ pub enum BenchKind {
         /// Timed runs (after one warm-up run).
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Compute device: auto, cpu or metal.
+        #[arg(long, value_enum, default_value = "auto")]
+        device: crate::gpu::DeviceChoice,
     },
     /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
     Mxfp4 {
@@ -274,8 +277,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 prompt_len,
                 decode,
                 runs,
+                device,
             } => {
-                let mut model = crate::K3Model::from_dir(&model_root, &candle::Device::Cpu)?;
+                let device = crate::gpu::select(device)?;
+                println!("device={}", crate::gpu::describe(&device));
+                let mut model = crate::K3Model::from_dir(&model_root, &device)?;
                 let opts = crate::bench::ForwardBenchOptions {
                     prompt_len: prompt_len.max(1),
                     decode,

@@ -41,6 +41,10 @@ pub struct StoreArgs {
     /// GB of spine layers to keep resident (default: what the RAM budget allows).
     #[arg(long)]
     pub spine_resident_gb: Option<f64>,
+    /// Compute device for the spine: auto (Metal when built with `--features metal` and a GPU
+    /// exists, else the CPU), cpu, or metal.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: crate::gpu::DeviceChoice,
 }
 
 impl StoreArgs {
@@ -111,10 +115,12 @@ pub fn load_model(root: &std::path::Path, store: &StoreArgs) -> anyhow::Result<K
     let (opts, cache) = store.build()?;
     let opts_ram = opts.ram_budget;
     let spine = store.spine_options(opts.ram_budget)?;
-    let model = K3Model::from_dir_with(root, &candle::Device::Cpu, &opts, cache, &spine)?;
+    let device = crate::gpu::select(store.device)?;
+    let model = K3Model::from_dir_with(root, &device, &opts, cache, &spine)?;
     let r = model.spine().report();
     eprintln!(
-        "device: cpu ({} threads, MXFP4 kernel {}); experts: RAM tier {:.1} GB{}{}, {} readers, prefetch {}",
+        "device: {} (host: {} threads, MXFP4 kernel {}); experts: RAM tier {:.1} GB{}{}, {} readers, prefetch {}",
+        crate::gpu::describe(&device),
         rayon::current_num_threads(),
         model.options.kernel.name(),
         opts_ram as f64 / (1u64 << 30) as f64,

@@ -162,18 +162,39 @@ impl Moe {
         }
         let ids: Vec<usize> = rows.keys().copied().collect();
         let bytes = experts.fetch(self.layer, &ids)?;
-        // y[(expert, row)] for every selected pair.
+        // y[(expert, row)] for every selected pair, on the GPU when the model runs there.
         let mut ys: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
-        for (e, b) in ids.iter().zip(&bytes) {
-            let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
-            let rs = &rows[e];
-            let mut zin = Vec::with_capacity(rs.len() * r);
-            for &ti in rs {
-                zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
+        let pairs: Vec<(usize, usize)> = ids
+            .iter()
+            .enumerate()
+            .flat_map(|(k, e)| rows[e].iter().map(move |&ti| (k, ti)))
+            .collect();
+        let spans: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
+        let on_gpu = crate::gpu::run_experts(
+            x.device(),
+            &spans,
+            &pairs,
+            &z,
+            (self.inter, r),
+            (self.beta, self.linear_beta),
+        );
+        if let Some(y) = on_gpu {
+            let y = y?;
+            for (p, &(k, ti)) in pairs.iter().enumerate() {
+                ys.insert((ids[k], ti), y[p * r..(p + 1) * r].to_vec());
             }
-            let y = ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, true)?;
-            for (k, &ti) in rs.iter().enumerate() {
-                ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
+        } else {
+            for (e, b) in ids.iter().zip(&bytes) {
+                let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
+                let rs = &rows[e];
+                let mut zin = Vec::with_capacity(rs.len() * r);
+                for &ti in rs {
+                    zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
+                }
+                let y = ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, true)?;
+                for (k, &ti) in rs.iter().enumerate() {
+                    ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
+                }
             }
         }
         // Accumulate per row in its own top-k order, so T rows equal T single calls.

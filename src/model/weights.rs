@@ -34,6 +34,9 @@ impl LayerWeights<'_> {
 
 /// `x · Wᵀ` for `x` `[.., in]` with a spine matrix `W` `[out, in]`, through the fused kernel.
 pub fn dense(x: &Tensor, w: &DenseMatrix) -> Result<Tensor> {
+    if let Some(r) = crate::gpu::dense(x, w) {
+        return r;
+    }
     let dims = x.dims().to_vec();
     let inp = *dims.last().unwrap_or(&0);
     if inp != w.cols {

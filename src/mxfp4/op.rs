@@ -16,6 +16,9 @@ pub struct Mxfp4Weights {
     rows: usize,
     cols: usize,
     kernel: Kernel,
+    /// The bytes uploaded to a Metal device (once per device).
+    #[cfg(feature = "metal")]
+    uploaded: Arc<crate::gpu::metal::Uploaded>,
 }
 
 impl Mxfp4Weights {
@@ -34,6 +37,8 @@ impl Mxfp4Weights {
             rows,
             cols,
             kernel: Kernel::best(),
+            #[cfg(feature = "metal")]
+            uploaded: Default::default(),
         })
     }
 
@@ -92,6 +97,15 @@ impl CustomOp1 for Mxfp4Weights {
             *l = self.rows;
         }
         Ok((CpuStorage::F32(y), Shape::from(out_dims)))
+    }
+
+    #[cfg(feature = "metal")]
+    fn metal_fwd(
+        &self,
+        storage: &candle::MetalStorage,
+        layout: &Layout,
+    ) -> candle::Result<(candle::MetalStorage, Shape)> {
+        crate::gpu::metal::mxfp4_matvec(self, &self.uploaded, storage, layout)
     }
 }
 

@@ -35,6 +35,8 @@ pub struct DenseMatrix<'a> {
     pub rows: usize,
     /// Input columns.
     pub cols: usize,
+    /// Where the same bytes lie on the compute device (a template layer), if anywhere.
+    pub device: Option<crate::gpu::DeviceView<'a>>,
 }
 
 /// Lanes of the dense reduction.
@@ -86,7 +88,12 @@ impl<'a> DenseMatrix<'a> {
                 "dense matrix [{rows}, {cols}]: byte size does not match"
             )));
         }
-        Ok(DenseMatrix { data, rows, cols })
+        Ok(DenseMatrix {
+            data,
+            rows,
+            cols,
+            device: None,
+        })
     }
 
     /// Weight bytes read per use.

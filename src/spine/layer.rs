@@ -47,6 +47,8 @@ pub struct Entry {
 pub struct LayerData {
     buf: ExpertBuf,
     entries: HashMap<String, Entry>,
+    /// The same bytes on the compute device (a template layer or a pinned copy), if any.
+    device: Option<crate::gpu::DeviceLayer>,
 }
 
 fn dtype_of(e: &Entry) -> Result<StDtype> {
@@ -67,6 +69,7 @@ impl LayerData {
         LayerData {
             buf: ExpertBuf::owned(buf),
             entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+            device: None,
         }
     }
 
@@ -78,6 +81,21 @@ impl LayerData {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.buf.len()
+    }
+
+    /// The whole buffer (what a template layer receives).
+    pub fn raw(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Whether tensor `name` is held.
+    pub fn has(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Records where the same bytes lie on the compute device.
+    pub fn attach_device(&mut self, device: crate::gpu::DeviceLayer) {
+        self.device = Some(device);
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
@@ -106,11 +124,13 @@ impl LayerData {
             });
         }
         let b = self.data(e)?;
+        let mut scale_offset = 0;
         let data = match dtype_of(e)? {
             StDtype::BF16 => DenseData::Bf16(b),
             StDtype::F32 => DenseData::F32(b),
             StDtype::I8 => {
                 let s = self.entry(&format!("{name}.row_scale"))?;
+                scale_offset = s.offset;
                 DenseData::I8 {
                     q: b,
                     scales: self.data(s)?,
@@ -123,7 +143,9 @@ impl LayerData {
                 })
             }
         };
-        DenseMatrix::new(data, rows, cols)
+        let mut m = DenseMatrix::new(data, rows, cols)?;
+        m.device = self.device.as_ref().map(|d| d.view(e.offset, scale_offset));
+        Ok(m)
     }
 
     /// A tensor as f32 values, checked against `shape` (int8 matrices are dequantised).
@@ -258,6 +280,7 @@ pub fn read_file(path: &Path, pool: &Arc<BufPool>) -> Result<LayerData> {
     Ok(LayerData {
         buf,
         entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+        device: None,
     })
 }
 

@@ -152,6 +152,8 @@ impl std::ops::Deref for LayerRef {
 /// The spine of a model.
 pub struct Spine {
     inner: Arc<Inner>,
+    /// Template layers and pinned copies on the compute device (Metal), if any.
+    gpu: Option<crate::gpu::SpineDevice>,
     device: Device,
     pinned: Vec<Option<Arc<LayerData>>>,
     layer_bytes: Vec<u64>,
@@ -206,17 +208,24 @@ impl Spine {
                     .sum(),
             })
             .collect();
-        let pin =
-            super::budget::choose_pinned(&layer_bytes, opts.resident_bytes.unwrap_or(u64::MAX));
+        let gpu = crate::gpu::SpineDevice::new(device)?;
+        // A pinned layer on the GPU also has a device copy (the host one serves the host-side
+        // ops), so on unified memory it costs twice its size.
+        let budget = opts.resident_bytes.unwrap_or(u64::MAX) / if gpu.is_some() { 2 } else { 1 };
+        let pin = super::budget::choose_pinned(&layer_bytes, budget);
         let mut pinned = Vec::with_capacity(num_layers);
         for (l, p) in pin.iter().enumerate() {
             pinned.push(if *p {
-                Some(Arc::new(inner.load(l)?))
+                let mut d = inner.load(l)?;
+                if let Some(g) = &gpu {
+                    g.pin(&mut d)?;
+                }
+                Some(Arc::new(d))
             } else {
                 None
             });
         }
-        let (global, embed) = match &inner.backing {
+        let (mut global, embed) = match &inner.backing {
             Backing::Files(d) => {
                 let pool = BufPool::new(1);
                 let g = read_file(&d.join("global.bin"), &pool)?;
@@ -252,8 +261,12 @@ impl Spine {
                 (g, (Some(f), e))
             }
         };
+        if let Some(g) = &gpu {
+            g.pin(&mut global)?;
+        }
         Ok(Spine {
             inner,
+            gpu,
             device: device.clone(),
             pinned,
             layer_bytes,
@@ -420,7 +433,11 @@ impl Pass<'_> {
                 "spine loader delivered layer {got}, the model asked for {l}"
             )));
         }
-        Ok(LayerRef::Streamed(data?))
+        let mut data = data?;
+        if let Some(g) = &self.spine.gpu {
+            g.upload(&mut data)?;
+        }
+        Ok(LayerRef::Streamed(data))
     }
 }
 
