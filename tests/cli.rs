@@ -192,3 +192,32 @@ fn chat_example_two_turns() {
     assert_eq!(lens.len(), 2);
     assert!(lens[1] > lens[0], "{lens:?}");
 }
+
+/// `--device cpu` runs and reports the device; `--device metal` in a CPU build stops with an
+/// error naming the fix (in a Metal build it must run).
+#[test]
+fn device_flag() {
+    let d = nano();
+    let run = |dev: &str| {
+        bin()
+            .args(["run", "--prompt-ids", "12,7", "--max-new", "2", "--device", dev])
+            .arg("--model-root")
+            .arg(d.path())
+            .output()
+            .unwrap()
+    };
+    let out = run("cpu");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("device: cpu"), "{err}");
+    let out = run("metal");
+    let err = String::from_utf8_lossy(&out.stderr);
+    if deltafin::gpu::METAL_COMPILED && candle::Device::new_metal(0).is_ok() {
+        assert!(out.status.success(), "{err}");
+    } else if deltafin::gpu::METAL_COMPILED {
+        assert!(err.contains("no Metal device"), "{err}");
+    } else {
+        assert!(!out.status.success());
+        assert!(err.contains("--features metal"), "{err}");
+    }
+}
