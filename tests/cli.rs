@@ -200,7 +200,15 @@ fn device_flag() {
     let d = nano();
     let run = |dev: &str| {
         bin()
-            .args(["run", "--prompt-ids", "12,7", "--max-new", "2", "--device", dev])
+            .args([
+                "run",
+                "--prompt-ids",
+                "12,7",
+                "--max-new",
+                "2",
+                "--device",
+                dev,
+            ])
             .arg("--model-root")
             .arg(d.path())
             .output()

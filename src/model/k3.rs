@@ -18,7 +18,7 @@ use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, FfnKind, K3Config};
 use crate::experts::{DiskCache, ExpertProvider, TieredOptions};
 use crate::mxfp4::Kernel;
-use crate::spine::source::{Spine, SpineOptions};
+use crate::spine::source::{LayerRef, Spine, SpineOptions};
 use crate::Result;
 
 /// Evaluation choices; every one has a reference the tests compare against.
@@ -304,7 +304,10 @@ impl K3Model {
             let x = rms_norm(&a_in, &layer.input_norm, eps)?;
             let o = match (&layer.attn, &mut state.layers[l]) {
                 (Attn::Kda(k), LayerState::Kda(s)) => k.forward(&x, s, self.options.kda, &ld)?,
-                (Attn::Mla(m), LayerState::Mla(s)) => m.forward(&x, s, self.options.mla, &ld)?,
+                (Attn::Mla(m), LayerState::Mla(s)) => {
+                    let resident = matches!(ld, LayerRef::Pinned(_));
+                    m.forward(&x, s, self.options.mla, &ld, resident)?
+                }
                 _ => {
                     return Err(crate::Error::Msg(format!(
                         "layer {l}: state does not match the layer kind"

@@ -5,6 +5,7 @@ use candle::{Device, Tensor, D};
 
 use super::ops::{rms_norm, sigmoid};
 use super::weights::{dense, LayerWeights};
+use crate::spine::dense::DenseMatrix;
 use crate::spine::layer::LayerData;
 use crate::Result;
 
@@ -40,6 +41,9 @@ pub struct Mla {
     v_dim: usize,
     kv_lora: usize,
     eps: f64,
+    /// `(W_k, W_vᵀ)` per head in f32, kept for a pinned layer (whose bytes never change) so the
+    /// compact path does not widen `kv_b` on every pass.
+    absorbed: std::sync::OnceLock<(Tensor, Tensor)>,
 }
 
 impl Mla {
@@ -57,6 +61,7 @@ impl Mla {
             v_dim: c.v_head_dim,
             kv_lora: c.kv_lora_rank,
             eps: c.rms_norm_eps,
+            absorbed: std::sync::OnceLock::new(),
         })
     }
 
@@ -76,13 +81,27 @@ impl Mla {
         Ok(Tensor::from_vec(m, (t, total), dev)?)
     }
 
+    /// `(W_k [nh, nope, kv_lora], W_vᵀ [nh, kv_lora, v])` in f32 from `kv_b`.
+    fn absorb(&self, kv_b: &DenseMatrix, dev: &Device) -> Result<(Tensor, Tensor)> {
+        let (nh, nope, vd, kl) = (self.heads, self.nope, self.v_dim, self.kv_lora);
+        let per_head = Tensor::from_vec(kv_b.to_f32(), (nh, nope + vd, kl), dev)?;
+        let w_k = per_head.narrow(1, 0, nope)?.contiguous()?;
+        let w_vt = per_head
+            .narrow(1, nope, vd)?
+            .transpose(1, 2)?
+            .contiguous()?;
+        Ok((w_k, w_vt))
+    }
+
     /// `x` is the normalised layer input `[T, H]`; returns `[T, H]` and appends to the cache.
+    /// `resident`: the layer's data is pinned, so derived weights may be kept across passes.
     pub fn forward(
         &self,
         x: &Tensor,
         st: &mut MlaState,
         mode: MlaMode,
         ld: &LayerData,
+        resident: bool,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (h, nh, nope, rope, vd, kl) = (
@@ -135,11 +154,20 @@ impl Mla {
         let kv_b = m("self_attn.kv_b_proj.weight", nh * (nope + vd), kl)?;
         let o = match mode {
             MlaMode::Compact => {
-                let per_head = Tensor::from_vec(kv_b.to_f32(), (nh, nope + vd, kl), x.device())?;
-                let w_k = per_head.narrow(1, 0, nope)?.contiguous()?;
-                let w_v = per_head.narrow(1, nope, vd)?.contiguous()?;
+                let fresh;
+                let (w_k, w_vt) = match self.absorbed.get() {
+                    Some(a) => a,
+                    None if resident => {
+                        let a = self.absorb(&kv_b, x.device())?;
+                        self.absorbed.get_or_init(|| a)
+                    }
+                    None => {
+                        fresh = self.absorb(&kv_b, x.device())?;
+                        &fresh
+                    }
+                };
                 // q_lat = q_nope · W_k: [nh, T, kv_lora]
-                let q_lat = q_nope.matmul(&w_k)?;
+                let q_lat = q_nope.matmul(w_k)?;
                 let c_t = c_all
                     .t()?
                     .unsqueeze(0)?
@@ -153,7 +181,7 @@ impl Mla {
                         .broadcast_as((nh, total, kl))?
                         .contiguous()?,
                 )?;
-                ctx.matmul(&w_v.transpose(1, 2)?.contiguous()?)? // [nh, T, v]
+                ctx.matmul(w_vt)? // [nh, T, v]
             }
             MlaMode::Expanded => {
                 let kv = dense(&c_all, &kv_b)?
