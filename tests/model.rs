@@ -287,8 +287,8 @@ fn matches_reference_on_other_shapes() {
         3,
         first,
     );
-    let cfg = deltafin::K3Config::from_root(serde_json::from_value(config.clone()).unwrap())
-        .unwrap();
+    let cfg =
+        deltafin::K3Config::from_root(serde_json::from_value(config.clone()).unwrap()).unwrap();
     let units = model_units(&cfg, "language_model.", false, false);
     write_model(d.path(), &config, units, 3, 11, &ranks).unwrap();
     let m = K3Model::from_dir(d.path(), &Device::Cpu).unwrap();

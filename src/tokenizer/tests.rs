@@ -151,3 +151,59 @@ fn ranks_file_errors_name_the_line() {
         .to_string()
         .contains("rank 0"));
 }
+
+/// K3's real vocabulary size (163,840 ranks, specials from 163,840): a ranks file of that size
+/// loads from a model directory, named specials land at their ids, and text round-trips with the
+/// same ids as the reference BPE.
+#[test]
+fn real_size_vocabulary_from_dir() {
+    use base64::Engine;
+    let mut ranks = train_ranks(240);
+    let mut seen: std::collections::HashSet<Vec<u8>> = ranks.iter().cloned().collect();
+    let mut rng = crate::checkpoint::rng::Rng::new(3);
+    let alphabet = b" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    while ranks.len() < 163_840 {
+        let n = 2 + rng.below(9) as usize;
+        let t: Vec<u8> = (0..n)
+            .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
+            .collect();
+        if seen.insert(t.clone()) {
+            ranks.push(t);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let text: String = ranks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{} {i}\n", b64.encode(t)))
+        .collect();
+    std::fs::write(dir.path().join("tiktoken.model"), text).unwrap();
+    let cfg = serde_json::json!({"added_tokens_decoder": {
+        "163840": {"content": "[BOS]", "special": true},
+        "163842": {"content": "<|end_of_msg|>", "special": true},
+    }});
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let t = Tokenizer::from_dir(dir.path()).unwrap();
+    eprintln!("163,840-rank tokenizer loaded in {:?}", t0.elapsed());
+    assert_eq!(t.num_ranks(), 163_840);
+    assert_eq!(t.special_id("[BOS]"), Some(163_840));
+    assert_eq!(t.special_id("<|end_of_msg|>"), Some(163_842));
+    assert_eq!(t.special_id("<|reserved_token_164095|>"), Some(164_095));
+    let s = "The quick brown fox jumps over 13 lazy dogs. Ünïcode 北京 🙂";
+    let ids = t.encode_ordinary(s);
+    assert_eq!(t.decode(&ids), s);
+    let mut want = Vec::new();
+    for p in pieces(&t, s) {
+        want.extend(reference_bpe(&t, p.as_bytes()));
+    }
+    assert_eq!(ids, want);
+    let with = t.encode("[BOS]hi<|end_of_msg|>", true);
+    assert_eq!(with.first(), Some(&163_840));
+    assert_eq!(with.last(), Some(&163_842));
+}
