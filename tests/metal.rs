@@ -4,11 +4,13 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use candle::{Device, Tensor};
 use common::{nano, rel_err32};
 use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::StDtype;
-use deltafin::experts::TieredOptions;
+use deltafin::experts::{BufPool, ExpertBuf, ExpertBytes, TieredOptions};
 use deltafin::gpu::SpineDevice;
 use deltafin::model::weights::dense;
 use deltafin::mxfp4::{matvec, Kernel, Mxfp4Expert, Mxfp4Weights};
@@ -106,9 +108,23 @@ fn metal_fused_experts_match_cpu() {
     };
     let spans: Vec<Vec<u8>> = (0..3).map(|_| one(&mut rng)).collect();
     let z: Vec<f32> = (0..2 * latent).map(|_| rng.normal() as f32).collect();
-    let pairs = [(0usize, 0usize), (1, 0), (2, 1), (0, 1)];
-    let refs: Vec<&[u8]> = spans.iter().map(|s| &s[..]).collect();
-    let got = deltafin::gpu::metal::run_experts(&dev, &refs, &pairs, &z, inter, latent, 1.5, 3.0)
+    let pairs = [(0usize, 0usize), (0, 1), (1, 0), (2, 1)];
+    // Experts 0 and 2 in pooled page-aligned buffers (wrapped without a copy), 1 owned (staged).
+    let pool = BufPool::new(4);
+    let held: Vec<ExpertBytes> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if i == 1 {
+                Arc::new(ExpertBuf::owned(s.clone()))
+            } else {
+                let mut b = pool.take(s.len()).unwrap();
+                b.copy_from_slice(s);
+                Arc::new(b)
+            }
+        })
+        .collect();
+    let got = deltafin::gpu::metal::run_experts(&dev, &held, &pairs, &z, inter, latent, 1.5, 3.0)
         .unwrap();
     for (p, &(e, t)) in pairs.iter().enumerate() {
         let ex = Mxfp4Expert::from_span(&spans[e], inter, latent).unwrap();

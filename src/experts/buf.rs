@@ -8,8 +8,13 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::{Error, Result};
 
-/// Alignment of pooled buffers (a page, and what `O_DIRECT` needs).
-pub const ALIGN: usize = 4096;
+/// Alignment of pooled buffers: a page (16 KiB on Apple Silicon, so Metal can wrap an expert
+/// buffer without copying; 4 KiB elsewhere), and what `O_DIRECT` needs.
+pub const ALIGN: usize = if cfg!(target_os = "macos") {
+    16384
+} else {
+    4096
+};
 
 /// A zero-initialised, page-aligned byte buffer.
 pub struct AlignedBuf {
@@ -132,6 +137,17 @@ impl ExpertBuf {
     }
 }
 
+impl ExpertBuf {
+    /// For a pooled buffer: its start and its whole allocation (a multiple of `ALIGN`, covering
+    /// the visible bytes), so a GPU API may wrap the memory in place.
+    pub fn aligned_region(&self) -> Option<(*const u8, usize)> {
+        match &self.0 {
+            Inner::Pooled(Some(b), _) => Some((b.as_ptr(), b.capacity())),
+            _ => None,
+        }
+    }
+}
+
 impl From<Vec<u8>> for ExpertBuf {
     fn from(v: Vec<u8>) -> Self {
         ExpertBuf::owned(v)
@@ -185,6 +201,10 @@ mod tests {
         let a = pool.take(10_000).unwrap();
         assert_eq!(a.len(), 10_000);
         assert_eq!(a.as_ptr() as usize % ALIGN, 0);
+        let (start, cap) = a.aligned_region().unwrap();
+        assert_eq!((start, cap % ALIGN), (a.as_ptr(), 0));
+        assert!(cap >= a.len());
+        assert!(ExpertBuf::owned(vec![1, 2]).aligned_region().is_none());
         let p = a.as_ptr();
         drop(a);
         assert_eq!(pool.idle(), 1);

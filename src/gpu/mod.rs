@@ -121,10 +121,11 @@ pub fn dense(
 }
 
 /// One MoE layer's selected experts on the device, or `None` to run them on the host: pair
-/// `(k, t)` runs expert span `spans[k]` on latent row `t` of `z`; returns `[pairs, latent]`.
+/// `(k, t)` runs expert span `spans[k]` on latent row `t` of `z` (pairs of one expert
+/// consecutive); returns `[pairs, latent]`.
 pub fn run_experts(
     device: &Device,
-    spans: &[&[u8]],
+    spans: &[crate::experts::ExpertBytes],
     pairs: &[(usize, usize)],
     z: &[f32],
     (inter, latent): (usize, usize),

@@ -169,10 +169,9 @@ impl Moe {
             .enumerate()
             .flat_map(|(k, e)| rows[e].iter().map(move |&ti| (k, ti)))
             .collect();
-        let spans: Vec<&[u8]> = bytes.iter().map(|b| &b[..]).collect();
         let on_gpu = crate::gpu::run_experts(
             x.device(),
-            &spans,
+            &bytes,
             &pairs,
             &z,
             (self.inter, r),

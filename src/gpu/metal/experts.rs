@@ -11,14 +11,52 @@ use candle_metal_kernels::set_params;
 use candle_metal_kernels::utils::{Input, Output};
 
 use super::{kernels, linear_split, shared_buffer, write_shared};
+use crate::experts::{ExpertBuf, ExpertBytes};
+use objc2_metal::MTLDevice;
+
+/// The host memory of a pooled expert buffer as a Metal buffer, without copying: only when the
+/// allocation is page-aligned and a whole number of pages (`newBufferWithBytesNoCopy`'s rule).
+fn wrap_no_copy(device: &MetalDevice, b: &ExpertBuf) -> Option<Buffer> {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    let (ptr, cap) = b.aligned_region()?;
+    if page == 0
+        || !(ptr as usize).is_multiple_of(page)
+        || !cap.is_multiple_of(page)
+        || cap < b.len()
+    {
+        return None;
+    }
+    let ptr = std::ptr::NonNull::new(ptr as *mut std::ffi::c_void)?;
+    // SAFETY: the region is one live allocation of `cap` bytes owned by `b`, which the caller
+    // keeps alive until the GPU work reading it has completed (`run_experts` waits before it
+    // returns); no deallocator, so Metal never frees it. The GPU only reads it.
+    let raw = unsafe {
+        device
+            .metal_device()
+            .as_ref()
+            .newBufferWithBytesNoCopy_length_options_deallocator(
+                ptr,
+                cap,
+                objc2_metal::MTLResourceOptions::StorageModeShared,
+                None,
+            )
+    }?;
+    Some(Buffer::new(raw))
+}
 
 /// Routed experts of one layer on the GPU: pair `p = (span index, z row)` computes
 /// `w2 · SiTU(w1 z, w3 z)` for expert `spans[p.0]` and latent row `z[p.1]`. Returns `[pairs,
 /// latent]` on the host.
+///
+/// Each expert's bytes are read in place where Metal can wrap them (a pooled, page-aligned
+/// buffer), else from a staging buffer they are copied into. One dispatch per expert and step:
+/// all gate/up dispatches write separate buffers (no barrier between them), one barrier, then
+/// all down dispatches, each into its own host-visible output.
 #[allow(clippy::too_many_arguments)]
 pub fn run_experts(
     device: &MetalDevice,
-    spans: &[&[u8]],
+    spans: &[ExpertBytes],
     pairs: &[(usize, usize)],
     z: &[f32],
     inter: usize,
@@ -35,24 +73,30 @@ pub fn run_experts(
         k.pipeline(device, "mxfp4_experts_gate_up")?,
         k.pipeline(device, "mxfp4_experts_down")?,
     );
-    let mut offsets = Vec::with_capacity(spans.len());
+    let wrapped: Vec<Option<Buffer>> = spans.iter().map(|b| wrap_no_copy(device, b)).collect();
+    // Staging offsets of the experts that could not be wrapped.
+    let mut staged = vec![0u64; spans.len()];
     let mut total = 0usize;
-    for s in spans {
-        offsets.push(total as u64);
-        total += s.len();
+    for (i, s) in spans.iter().enumerate() {
+        if wrapped[i].is_none() {
+            staged[i] = total as u64;
+            total += s.len();
+        }
     }
     let mut base = Vec::with_capacity(np);
     let mut zin = Vec::with_capacity(np * latent);
     for &(e, t) in pairs {
-        let (Some(off), Some(row)) = (offsets.get(e), z.get(t * latent..(t + 1) * latent)) else {
+        let (Some(off), Some(row)) = (staged.get(e), z.get(t * latent..(t + 1) * latent)) else {
             return Err(crate::Error::Msg(format!(
                 "expert pair ({e}, {t}) out of range"
             )));
         };
-        base.push(*off);
+        base.push(if wrapped[e].is_some() { 0 } else { *off });
         zin.extend_from_slice(row);
     }
-    let stage: Arc<Buffer> = {
+    let stage: Option<Arc<Buffer>> = if total == 0 {
+        None
+    } else {
         let mut slot = k.stage.lock().map_err(super::metal_err)?;
         // The previous layer's dispatch may still read the staging buffer.
         device.wait_until_completed()?;
@@ -65,63 +109,102 @@ pub fn run_experts(
         let b = slot
             .clone()
             .ok_or_else(|| crate::Error::Msg("metal: no staging buffer".into()))?;
-        for (s, off) in spans.iter().zip(&offsets) {
-            write_shared(&b, *off as usize, s)?;
+        for (i, s) in spans.iter().enumerate() {
+            if wrapped[i].is_none() {
+                write_shared(&b, staged[i] as usize, s)?;
+            }
         }
-        b
+        Some(b)
     };
+    // Runs of consecutive pairs on the same expert: one dispatch each.
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new(); // (expert, first pair, count)
+    for (p, &(e, _)) in pairs.iter().enumerate() {
+        match runs.last_mut() {
+            Some((re, p0, n)) if *re == e && *p0 + *n == p => *n += 1,
+            _ => runs.push((e, p, 1)),
+        }
+    }
     let base = device.new_buffer_with_data(&base)?;
     let zbuf = device.new_buffer_with_data(&zin)?;
-    let h = device
-        .new_buffer_builder()
-        .with_size_for(np * inter, DType::F32)
-        .with_label("deltafin-experts-h")
-        .build()?;
-    let y = device
-        .new_buffer_builder()
-        .with_size_for(np * latent, DType::F32)
-        .with_label("deltafin-experts-y")
-        .build()?;
-    let (i, l, p) = (inter as u32, latent as u32, np as u32);
+    let mut hs = Vec::with_capacity(runs.len());
+    let mut ys = Vec::with_capacity(runs.len());
+    for &(_, _, n) in &runs {
+        hs.push(
+            device
+                .new_buffer_builder()
+                .with_size_for(n * inter, DType::F32)
+                .with_label("deltafin-experts-h")
+                .build()?,
+        );
+        // Shared storage: read on the host after the wait below.
+        ys.push(
+            device
+                .new_buffer_builder()
+                .with_size(n * latent * DType::F32.size_in_bytes())
+                .with_label("deltafin-experts-y")
+                .build()?,
+        );
+    }
+    let (i, l) = (inter as u32, latent as u32);
     {
         let encoder = device.command_encoder()?;
         encoder.set_label("deltafin-experts");
         let enc: &ComputeCommandEncoder = encoder.as_ref();
+        let source = |e: usize| -> crate::Result<&Buffer> {
+            match (&wrapped[e], &stage) {
+                (Some(w), _) => Ok(w),
+                (None, Some(s)) => Ok(s),
+                (None, None) => Err(crate::Error::Msg("metal: expert not staged".into())),
+            }
+        };
         enc.set_compute_pipeline_state(&gate_up);
-        set_params!(
-            enc,
-            (
-                Input::new(&stage),
-                Input::new(&base),
-                Input::new(&zbuf),
-                Output::new(&h),
-                i,
-                l,
-                p,
-                beta,
-                linear_beta
-            )
-        );
-        let (g, t) = linear_split(&gate_up, np * inter);
-        enc.dispatch_thread_groups(g, t);
+        for (&(e, p0, n), h) in runs.iter().zip(&hs) {
+            set_params!(
+                enc,
+                (
+                    Input::new(source(e)?),
+                    Input::with_offset(&base, 8 * p0),
+                    Input::with_offset(&zbuf, 4 * p0 * latent),
+                    Output::new(h),
+                    i,
+                    l,
+                    n as u32,
+                    beta,
+                    linear_beta
+                )
+            );
+            let (g, t) = linear_split(&gate_up, n * inter);
+            enc.dispatch_thread_groups(g, t);
+        }
         enc.set_compute_pipeline_state(&down);
-        set_params!(
-            enc,
-            (
-                Input::new(&stage),
-                Input::new(&base),
-                Input::new(&h),
-                Output::new(&y),
-                i,
-                l,
-                p
-            )
-        );
-        let (g, t) = linear_split(&down, np * latent);
-        enc.dispatch_thread_groups(g, t);
+        for ((&(e, p0, n), h), y) in runs.iter().zip(&hs).zip(&ys) {
+            set_params!(
+                enc,
+                (
+                    Input::new(source(e)?),
+                    Input::with_offset(&base, 8 * p0),
+                    Input::new(h),
+                    Output::new(y),
+                    i,
+                    l,
+                    n as u32
+                )
+            );
+            let (g, t) = linear_split(&down, n * latent);
+            enc.dispatch_thread_groups(g, t);
+        }
     }
-    let ys = MetalStorage::new(y, device.clone(), np * latent, DType::F32).to_cpu_storage()?;
-    Ok(ys.as_slice::<f32>()?.to_vec())
+    // Also keeps the wrapped expert memory borrowed until the GPU is done with it.
+    device.wait_until_completed()?;
+    let mut out = Vec::with_capacity(np * latent);
+    for (&(_, _, n), y) in runs.iter().zip(&ys) {
+        // SAFETY: a shared-storage buffer of at least `n * latent` f32 that the completed
+        // dispatch above wrote; nothing else writes it.
+        let v = unsafe { std::slice::from_raw_parts(y.contents() as *const f32, n * latent) };
+        out.extend_from_slice(v);
+    }
+    drop(wrapped);
+    Ok(out)
 }
 
 /// An MXFP4 matrix's packed codes and scales on one device.
