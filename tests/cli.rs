@@ -6,6 +6,17 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_deltafin"))
 }
 
+/// `deltafin run ARGS --model-root DIR`.
+fn run_on(d: &std::path::Path, args: &[&str]) -> std::process::Output {
+    bin()
+        .arg("run")
+        .args(args)
+        .arg("--model-root")
+        .arg(d)
+        .output()
+        .unwrap()
+}
+
 fn nano() -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
     let st = bin()
@@ -228,4 +239,37 @@ fn device_flag() {
         assert!(!out.status.success());
         assert!(err.contains("--features metal"), "{err}");
     }
+}
+
+/// `--layer-profile` prints one timing line per layer per forward pass.
+#[test]
+fn layer_profile_lines() {
+    let d = nano();
+    let out = run_on(
+        d.path(),
+        &[
+            "--prompt-ids",
+            "12,7,99",
+            "--max-new",
+            "3",
+            "--layer-profile",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("[layer")).collect();
+    // K3-nano has 10 layers; 3 tokens take the prefill pass and 2 decode passes.
+    assert_eq!(lines.len(), 30, "{err}");
+    assert!(
+        lines[0].contains("T=3") && lines[10].contains("T=1"),
+        "{err}"
+    );
+    assert!(lines
+        .iter()
+        .all(|l| l.contains("spine-wait") && l.contains("expert wait")));
+    assert_eq!(
+        lines.iter().filter(|l| l.contains(" mla ")).count(),
+        9,
+        "{err}"
+    );
 }

@@ -188,6 +188,10 @@ pub struct RunArgs {
     /// Print per-token expert statistics (tiers, bytes, wait, prefetch hits) on stderr.
     #[arg(long)]
     pub stats: bool,
+    /// Print per-layer phase timings of every forward pass on stderr (spine wait, attention,
+    /// MLP/MoE with its expert wait, norms and AttnRes).
+    #[arg(long)]
+    pub layer_profile: bool,
     /// Write the router trace (one JSON line per token) here; `K3_TRACE=buffered` writes
     /// `router_trace.jsonl` in the current directory.
     #[arg(long)]
@@ -221,6 +225,9 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         Some(p) => Some(RouterTrace::create(p)?),
         None => RouterTrace::from_env(&std::env::current_dir()?)?,
     };
+    if a.layer_profile {
+        model.layer_profile = Some(Arc::new(crate::model::LayerProfile::new()));
+    }
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();
@@ -285,11 +292,16 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
                 eprintln!("{}", stats_line(i, &now.since(&last)));
                 last = now;
             }
+            if let Some(p) = &model.layer_profile {
+                for t in p.take() {
+                    eprintln!("{t}");
+                }
+            }
             if !a.json {
                 match &tok {
                     Some(t) if a.chat => show(split.push(&dec.push(t, id))),
                     Some(t) => show(vec![Delta::Content(dec.push(t, id))]),
-                    None if !a.stats => eprint!("{id} "),
+                    None if !a.stats && !a.layer_profile => eprint!("{id} "),
                     None => {}
                 }
             }

@@ -12,13 +12,14 @@ use super::kda::{Kda, KdaMode};
 use super::mla::{Mla, MlaMode};
 use super::moe::{Mlp, Moe, Route};
 use super::ops::rms_norm;
+use super::profile::{lap, LayerTiming};
 use super::state::{LayerState, SeqState};
 use super::weights::{dense, LayerWeights};
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, FfnKind, K3Config};
 use crate::experts::{DiskCache, ExpertProvider, TieredOptions};
 use crate::mxfp4::Kernel;
-use crate::spine::source::{LayerRef, Spine, SpineOptions};
+use crate::spine::source::{Spine, SpineOptions};
 use crate::Result;
 
 /// Evaluation choices; every one has a reference the tests compare against.
@@ -79,6 +80,8 @@ pub struct K3Model {
     pub options: ModelOptions,
     /// Router trace sink (off when `None`).
     pub router_trace: Option<super::trace::RouterTrace>,
+    /// Per-layer phase timings (off when `None`).
+    pub layer_profile: Option<Arc<super::profile::LayerProfile>>,
 }
 
 impl K3Model {
@@ -174,6 +177,7 @@ impl K3Model {
             final_norm,
             options: ModelOptions::default(),
             router_trace: None,
+            layer_profile: None,
         })
     }
 
@@ -286,8 +290,19 @@ impl K3Model {
         let mut pass = self.spine.pass();
         let mut h = self.spine.embed_rows(ids)?;
         let mut anchors: Vec<Tensor> = Vec::new();
+        let prof = self.layer_profile.as_deref();
+        let wait_s = |on: bool| -> f64 {
+            if on {
+                self.experts.stats().map(|s| s.read_wait_s).unwrap_or(0.0)
+            } else {
+                0.0
+            }
+        };
         for (l, layer) in self.layers.iter().enumerate() {
+            let mut clock = std::time::Instant::now();
+            let mut tm = [0f64; 5]; // spine wait, attention, ffn, expert wait, other
             let ld = pass.layer(l)?;
+            tm[0] = lap(&mut clock);
             let a_in = if anchors.is_empty() {
                 h.clone()
             } else {
@@ -302,18 +317,21 @@ impl K3Model {
                 Some(h.clone())
             };
             let x = rms_norm(&a_in, &layer.input_norm, eps)?;
+            tm[4] += lap(&mut clock);
             let o = match (&layer.attn, &mut state.layers[l]) {
                 (Attn::Kda(k), LayerState::Kda(s)) => k.forward(&x, s, self.options.kda, &ld)?,
-                (Attn::Mla(m), LayerState::Mla(s)) => {
-                    let resident = matches!(ld, LayerRef::Pinned(_));
-                    m.forward(&x, s, self.options.mla, &ld, resident)?
-                }
+                (Attn::Mla(m), LayerState::Mla(s)) => m.forward(&x, s, self.options.mla, &ld)?,
                 _ => {
                     return Err(crate::Error::Msg(format!(
                         "layer {l}: state does not match the layer kind"
                     )))
                 }
             };
+            if prof.is_some() {
+                // Candle ops may be queued on a GPU: time the work, not its submission.
+                o.device().synchronize()?;
+            }
+            tm[1] = lap(&mut clock);
             let p = match prefix {
                 Some(pr) => (pr + o)?,
                 None => o,
@@ -322,6 +340,8 @@ impl K3Model {
             v.push(&p);
             let m_in = layer.mlp_res.forward(&v)?;
             let xm = rms_norm(&m_in, &layer.post_norm, eps)?;
+            tm[4] += lap(&mut clock);
+            let waited = wait_s(prof.is_some());
             let om = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&xm, &ld)?,
                 Ffn::Moe(moe) => {
@@ -339,7 +359,33 @@ impl K3Model {
                     y
                 }
             };
+            if prof.is_some() {
+                om.device().synchronize()?;
+                tm[2] = lap(&mut clock);
+                tm[3] = (wait_s(true) - waited) * 1e3;
+            }
             h = (p + om)?;
+            if let Some(pf) = prof {
+                h.device().synchronize()?;
+                tm[4] += lap(&mut clock);
+                pf.push(LayerTiming {
+                    layer: l,
+                    attn: match layer.attn {
+                        Attn::Kda(_) => "kda",
+                        Attn::Mla(_) => "mla",
+                    },
+                    ffn: match layer.ffn {
+                        Ffn::Dense(_) => "dense",
+                        Ffn::Moe(_) => "moe",
+                    },
+                    tokens: ids.len(),
+                    spine_wait_ms: tm[0],
+                    attn_ms: tm[1],
+                    ffn_ms: tm[2],
+                    expert_wait_ms: tm[3],
+                    other_ms: tm[4],
+                });
+            }
         }
         state.pos += ids.len();
         let mut v: Vec<&Tensor> = anchors.iter().collect();

@@ -2,6 +2,7 @@
 //! `kv_b` absorbed into the query and output; the expanded form is kept as the reference.
 
 use candle::{Device, Tensor, D};
+use rayon::prelude::*;
 
 use super::ops::{rms_norm, sigmoid};
 use super::weights::{dense, LayerWeights};
@@ -41,9 +42,6 @@ pub struct Mla {
     v_dim: usize,
     kv_lora: usize,
     eps: f64,
-    /// `(W_k, W_vᵀ)` per head in f32, kept for a pinned layer (whose bytes never change) so the
-    /// compact path does not widen `kv_b` on every pass.
-    absorbed: std::sync::OnceLock<(Tensor, Tensor)>,
 }
 
 impl Mla {
@@ -61,7 +59,6 @@ impl Mla {
             v_dim: c.v_head_dim,
             kv_lora: c.kv_lora_rank,
             eps: c.rms_norm_eps,
-            absorbed: std::sync::OnceLock::new(),
         })
     }
 
@@ -81,27 +78,47 @@ impl Mla {
         Ok(Tensor::from_vec(m, (t, total), dev)?)
     }
 
-    /// `(W_k [nh, nope, kv_lora], W_vᵀ [nh, kv_lora, v])` in f32 from `kv_b`.
-    fn absorb(&self, kv_b: &DenseMatrix, dev: &Device) -> Result<(Tensor, Tensor)> {
+    /// `q_lat[h, t] = q_nope[h, t] · W_k[h]` (`[nh, T, kv_lora]`), reading `kv_b` in place: head
+    /// `h`'s key rows are `h·(nope+v) .. h·(nope+v)+nope`.
+    fn absorb_query(&self, q_nope: &Tensor, kv_b: &DenseMatrix) -> Result<Tensor> {
         let (nh, nope, vd, kl) = (self.heads, self.nope, self.v_dim, self.kv_lora);
-        let per_head = Tensor::from_vec(kv_b.to_f32(), (nh, nope + vd, kl), dev)?;
-        let w_k = per_head.narrow(1, 0, nope)?.contiguous()?;
-        let w_vt = per_head
-            .narrow(1, nope, vd)?
-            .transpose(1, 2)?
-            .contiguous()?;
-        Ok((w_k, w_vt))
+        let t = q_nope.dim(1)?;
+        let q = q_nope.flatten_all()?.to_vec1::<f32>()?;
+        let mut out = vec![0f32; nh * t * kl];
+        out.par_chunks_mut(t * kl).enumerate().for_each(|(h, o)| {
+            for (ti, row) in o.chunks_mut(kl).enumerate() {
+                let qi = &q[(h * t + ti) * nope..(h * t + ti + 1) * nope];
+                kv_b.axpy_rows(h * (nope + vd), qi, row);
+            }
+        });
+        Ok(Tensor::from_vec(out, (nh, t, kl), q_nope.device())?)
+    }
+
+    /// `o[h, t, v] = W_v[h, v] · ctx[h, t]` (`[nh, T, v]`), reading `kv_b` in place: head `h`'s
+    /// value rows follow its key rows.
+    fn absorb_output(&self, ctx: &Tensor, kv_b: &DenseMatrix) -> Result<Tensor> {
+        let (nh, nope, vd, kl) = (self.heads, self.nope, self.v_dim, self.kv_lora);
+        let t = ctx.dim(1)?;
+        let c = ctx.flatten_all()?.to_vec1::<f32>()?;
+        let mut out = vec![0f32; nh * t * vd];
+        out.par_chunks_mut(t * vd).enumerate().for_each(|(h, o)| {
+            for (ti, row) in o.chunks_mut(vd).enumerate() {
+                let ci = &c[(h * t + ti) * kl..(h * t + ti + 1) * kl];
+                for (v, y) in row.iter_mut().enumerate() {
+                    *y = kv_b.dot_row(h * (nope + vd) + nope + v, ci);
+                }
+            }
+        });
+        Ok(Tensor::from_vec(out, (nh, t, vd), ctx.device())?)
     }
 
     /// `x` is the normalised layer input `[T, H]`; returns `[T, H]` and appends to the cache.
-    /// `resident`: the layer's data is pinned, so derived weights may be kept across passes.
     pub fn forward(
         &self,
         x: &Tensor,
         st: &mut MlaState,
         mode: MlaMode,
         ld: &LayerData,
-        resident: bool,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (h, nh, nope, rope, vd, kl) = (
@@ -154,20 +171,8 @@ impl Mla {
         let kv_b = m("self_attn.kv_b_proj.weight", nh * (nope + vd), kl)?;
         let o = match mode {
             MlaMode::Compact => {
-                let fresh;
-                let (w_k, w_vt) = match self.absorbed.get() {
-                    Some(a) => a,
-                    None if resident => {
-                        let a = self.absorb(&kv_b, x.device())?;
-                        self.absorbed.get_or_init(|| a)
-                    }
-                    None => {
-                        fresh = self.absorb(&kv_b, x.device())?;
-                        &fresh
-                    }
-                };
                 // q_lat = q_nope · W_k: [nh, T, kv_lora]
-                let q_lat = q_nope.matmul(w_k)?;
+                let q_lat = self.absorb_query(&q_nope, &kv_b)?;
                 let c_t = c_all
                     .t()?
                     .unsqueeze(0)?
@@ -181,7 +186,7 @@ impl Mla {
                         .broadcast_as((nh, total, kl))?
                         .contiguous()?,
                 )?;
-                ctx.matmul(w_vt)? // [nh, T, v]
+                self.absorb_output(&ctx, &kv_b)? // [nh, T, v]
             }
             MlaMode::Expanded => {
                 let kv = dense(&c_all, &kv_b)?

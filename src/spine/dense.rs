@@ -172,6 +172,40 @@ impl<'a> DenseMatrix<'a> {
         self.get_raw(r, c) * self.row_scale(r)
     }
 
+    /// `out += Σ_j coeffs[j] · W[r0 + j]` (rows `r0..r0+coeffs.len()`, in `j` order): `xᵀW` over a
+    /// block of rows, with each weight widened (or dequantised) in registers.
+    pub fn axpy_rows(&self, r0: usize, coeffs: &[f32], out: &mut [f32]) {
+        let c = self.cols;
+        debug_assert_eq!(out.len(), c);
+        for (j, &a) in coeffs.iter().enumerate() {
+            let r = r0 + j;
+            match self.data {
+                DenseData::F32(b) => {
+                    for (o, w) in out
+                        .iter_mut()
+                        .zip(b[4 * r * c..4 * (r + 1) * c].chunks_exact(4))
+                    {
+                        *o += a * f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    }
+                }
+                DenseData::Bf16(b) => {
+                    for (o, w) in out
+                        .iter_mut()
+                        .zip(b[2 * r * c..2 * (r + 1) * c].chunks_exact(2))
+                    {
+                        *o += a * f32::from_bits((u16::from_le_bytes([w[0], w[1]]) as u32) << 16);
+                    }
+                }
+                DenseData::I8 { q, .. } => {
+                    let sc = self.row_scale(r);
+                    for (o, &v) in out.iter_mut().zip(&q[r * c..(r + 1) * c]) {
+                        *o += a * (v as i8 as f32 * sc);
+                    }
+                }
+            }
+        }
+    }
+
     /// The whole matrix as row-major f32 (for the few uses that need a tensor).
     pub fn to_f32(&self) -> Vec<f32> {
         match self.data {

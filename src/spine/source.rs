@@ -212,17 +212,7 @@ impl Spine {
         // A pinned layer on the GPU also has a device copy (the host one serves the host-side
         // ops), so on unified memory it costs twice its size.
         let budget = opts.resident_bytes.unwrap_or(u64::MAX) / if gpu.is_some() { 2 } else { 1 };
-        // Pinning an MLA layer also keeps its absorbed f32 `kv_b` (model/mla.rs): charge it.
-        let pin_cost: Vec<u64> = (0..num_layers)
-            .map(|l| {
-                let kv_b = inv
-                    .get(&inv.layer_name(l, "self_attn.kv_b_proj.weight"))
-                    .map(|t| 4 * t.shape.iter().product::<usize>() as u64)
-                    .unwrap_or(0);
-                layer_bytes[l] + kv_b
-            })
-            .collect();
-        let pin = super::budget::choose_pinned(&pin_cost, budget);
+        let pin = super::budget::choose_pinned(&layer_bytes, budget);
         let mut pinned = Vec::with_capacity(num_layers);
         for (l, p) in pin.iter().enumerate() {
             pinned.push(if *p {
