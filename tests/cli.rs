@@ -273,3 +273,27 @@ fn layer_profile_lines() {
         "{err}"
     );
 }
+
+/// `bench dense` reports both formats against a memory bandwidth measured in the same run.
+#[test]
+fn bench_dense_reports_ratios() {
+    let out = bin()
+        .args(["bench", "dense", "--gb", "0.05", "--runs", "1"])
+        .args(["--threads", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for format in ["int8", "bf16"] {
+        let g = lines
+            .iter()
+            .find(|v| v["figure"] == "dense_gemv_gbps" && v["format"] == format)
+            .unwrap();
+        assert!(g["median"].as_f64().unwrap() > 0.0);
+        assert!(g["ratio_to_memory_read"].as_f64().unwrap() > 0.0);
+    }
+}

@@ -1,5 +1,6 @@
 //! Benchmarks that report each figure against a bound measured in the same run.
 
+pub mod dense;
 pub mod experts;
 pub mod spine;
 
@@ -68,6 +69,32 @@ pub fn stream_read(buf: &[u64]) -> u64 {
         .reduce(|| 0, |a, b| a.wrapping_add(b))
 }
 
+/// The read bandwidth of streaming `words` and the GB/s of `pass` (which reads `gb` GB), each
+/// `runs` times after a warm-up, in the current pool.
+pub(crate) fn against_memory(
+    words: &[u64],
+    runs: usize,
+    gb: f64,
+    mut pass: impl FnMut() -> Result<()>,
+) -> Result<(Stats, Stats)> {
+    let _ = stream_read(words); // warm-up: page in
+    let wgb = std::mem::size_of_val(words) as f64 / 1e9;
+    let mut bw = Vec::new();
+    for _ in 0..runs.max(1) {
+        let t0 = Instant::now();
+        std::hint::black_box(stream_read(std::hint::black_box(words)));
+        bw.push(wgb / t0.elapsed().as_secs_f64());
+    }
+    pass()?;
+    let mut gv = Vec::new();
+    for _ in 0..runs.max(1) {
+        let t0 = Instant::now();
+        pass()?;
+        gv.push(gb / t0.elapsed().as_secs_f64());
+    }
+    Ok((Stats::of(bw), Stats::of(gv)))
+}
+
 /// Options of `bench mxfp4`.
 #[derive(Debug, Clone)]
 pub struct Mxfp4BenchOptions {
@@ -129,32 +156,17 @@ pub fn mxfp4_bench(
     let mut ratios = Vec::new();
     for &t in &opts.threads {
         let p = pool(t)?;
-        let (bw, gemv) = p.install(|| -> Result<(Stats, Stats)> {
-            let _ = stream_read(&words); // warm-up: page in
-            let mut bw = Vec::new();
-            for _ in 0..opts.runs {
-                let t0 = Instant::now();
-                std::hint::black_box(stream_read(std::hint::black_box(&words)));
-                bw.push(gb / t0.elapsed().as_secs_f64());
-            }
+        let (bw, gemv) = p.install(|| {
             let mut y1 = vec![0f32; INTER];
             let mut y2 = vec![0f32; LATENT];
-            let mut pass = || -> Result<()> {
+            against_memory(&words, opts.runs, gb, || {
                 for e in &experts {
                     mxfp4::gemm_with(opts.kernel, &e.w1, &z, 1, &mut y1, true)?;
                     mxfp4::gemm_with(opts.kernel, &e.w3, &z, 1, &mut y1, true)?;
                     mxfp4::gemm_with(opts.kernel, &e.w2, &h, 1, &mut y2, true)?;
                 }
                 Ok(())
-            };
-            pass()?;
-            let mut gv = Vec::new();
-            for _ in 0..opts.runs {
-                let t0 = Instant::now();
-                pass()?;
-                gv.push(gb / t0.elapsed().as_secs_f64());
-            }
-            Ok((Stats::of(bw), Stats::of(gv)))
+            })
         })?;
         let ratio = gemv.median / bw.median;
         ratios.push((t, ratio));

@@ -157,6 +157,19 @@ pub enum BenchKind {
         #[arg(long, value_enum, default_value = "auto")]
         device: crate::gpu::DeviceChoice,
     },
+    /// Spine GEMV (row-int8 and BF16, one input row) on K3-size matrices vs the measured memory
+    /// read bandwidth.
+    Dense {
+        /// GB of matrices per format.
+        #[arg(long, default_value_t = 1.0)]
+        gb: f64,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Thread counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+    },
     /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
     Mxfp4 {
         /// K3-size experts in the working set (17.55 MB each).
@@ -288,6 +301,18 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     runs,
                 };
                 crate::bench::forward_bench(&mut model, &opts, |l| println!("{l}"))?;
+            }
+            BenchKind::Dense { gb, runs, threads } => {
+                let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
+                if threads.is_empty() || !(gb > 0.0 && gb.is_finite()) {
+                    anyhow::bail!("--threads needs a positive count and --gb a positive size");
+                }
+                let opts = crate::bench::dense::DenseBenchOptions {
+                    working_set: (gb * 1e9) as usize,
+                    runs: runs.max(1),
+                    threads,
+                };
+                crate::bench::dense::dense_bench(&opts, |line| println!("{line}"))?;
             }
             BenchKind::Mxfp4 {
                 experts,

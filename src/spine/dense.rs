@@ -260,7 +260,17 @@ pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()>
         let r0 = tile * ROW_TILE;
         let n = ROW_TILE.min(rows - r0);
         let mut one = vec![0f32; t];
-        for k in 0..n {
+        let mut k = 0;
+        #[cfg(target_arch = "x86_64")]
+        if t == 1 && use_avx512() {
+            // Decode: four rows in flight (the single-row chain is add-latency bound).
+            while k + 4 <= n {
+                // SAFETY: AVX-512F was detected; rows r0+k..r0+k+4 exist, x has m.cols values.
+                unsafe { super::dense_x86::dot_rows::<4>(m, r0 + k, xr[0], &mut out[k..k + 4]) };
+                k += 4;
+            }
+        }
+        for k in k..n {
             m.dot_row_multi(r0 + k, &xr, &mut one);
             for tt in 0..t {
                 out[tt * n + k] = one[tt];

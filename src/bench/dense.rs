@@ -1,0 +1,106 @@
+//! `bench dense`: the spine GEMV (one input row, as in decode) on K3-size matrices against the
+//! memory read bandwidth measured in the same run, for row-int8 and BF16.
+
+use rayon::prelude::*;
+
+use super::{against_memory, pool};
+use crate::checkpoint::rng::Rng;
+use crate::spine::dense::{gemm, quantize_row_int8, DenseData, DenseMatrix};
+use crate::Result;
+
+/// K3's KDA projection shape (`q_proj`: 96 heads × 128 by hidden 7168).
+const ROWS: usize = 12288;
+const COLS: usize = 7168;
+
+/// Options of `bench dense`.
+#[derive(Debug, Clone)]
+pub struct DenseBenchOptions {
+    /// Bytes of matrices per format (well above the L3).
+    pub working_set: usize,
+    /// Timed runs per figure.
+    pub runs: usize,
+    /// Thread counts to measure.
+    pub threads: Vec<usize>,
+}
+
+impl Default for DenseBenchOptions {
+    fn default() -> Self {
+        DenseBenchOptions {
+            working_set: 1 << 30,
+            runs: 5,
+            threads: vec![1, 2],
+        }
+    }
+}
+
+/// Runs the benchmark; calls `emit` with one JSON line per figure.
+pub fn dense_bench(
+    opts: &DenseBenchOptions,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    // One row-int8 matrix quantised from random weights, its bytes repeated to fill the set
+    // (values do not change the work).
+    let mut rng = Rng::new(2);
+    let w: Vec<f32> = (0..COLS).map(|_| rng.normal() as f32 * 0.02).collect();
+    let (qrow, sc) = quantize_row_int8(&w);
+    let x: Vec<f32> = (0..COLS).map(|_| rng.normal() as f32).collect();
+    let words: Vec<u64> = (0..opts.working_set / 8).map(|i| i as u64).collect();
+    for format in ["int8", "bf16"] {
+        let elem = if format == "int8" { 1 } else { 2 };
+        let per = ROWS * COLS * elem;
+        let n = opts.working_set.div_ceil(per).max(1);
+        let mut data = vec![0u8; n * per];
+        data.par_chunks_mut(COLS * elem).for_each(|row| {
+            if elem == 1 {
+                row.iter_mut().zip(&qrow).for_each(|(b, q)| *b = *q as u8);
+            } else {
+                for (b, v) in row.chunks_exact_mut(2).zip(&w) {
+                    b.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
+                }
+            }
+        });
+        let scales: Vec<u8> = (0..ROWS).flat_map(|_| sc.to_le_bytes()).collect();
+        let mats: Vec<DenseMatrix> = data
+            .chunks(per)
+            .map(|b| {
+                let d = if elem == 1 {
+                    DenseData::I8 {
+                        q: b,
+                        scales: &scales,
+                    }
+                } else {
+                    DenseData::Bf16(b)
+                };
+                DenseMatrix::new(d, ROWS, COLS)
+            })
+            .collect::<Result<_>>()?;
+        let gb = (n * per) as f64 / 1e9;
+        emit(
+            serde_json::json!({"bench": "dense", "format": format, "matrix": [ROWS, COLS],
+            "matrices": n, "working_set_gb": gb, "runs": opts.runs}),
+        );
+        for &t in &opts.threads {
+            let p = pool(t)?;
+            let (bw, gv) = p.install(|| {
+                let mut y = vec![0f32; ROWS];
+                against_memory(&words, opts.runs, gb, || {
+                    for m in &mats {
+                        gemm(m, &x, 1, &mut y)?;
+                        std::hint::black_box(&y);
+                    }
+                    Ok(())
+                })
+            })?;
+            emit(
+                serde_json::json!({"figure": "memory_read_gbps", "threads": t,
+                "median": bw.median, "min": bw.min, "max": bw.max}),
+            );
+            emit(
+                serde_json::json!({"figure": "dense_gemv_gbps", "format": format, "threads": t,
+                "median": gv.median, "min": gv.min, "max": gv.max,
+                "ratio_to_memory_read": gv.median / bw.median}),
+            );
+        }
+    }
+    Ok(())
+}
