@@ -297,3 +297,46 @@ fn bench_dense_reports_ratios() {
         assert!(g["ratio_to_memory_read"].as_f64().unwrap() > 0.0);
     }
 }
+
+/// `--events-jsonl`: a start event, one event per generated token (the same ids `--json`
+/// reports) and an end event, each a JSON object with a time stamp.
+#[test]
+fn events_jsonl_stream() {
+    let d = nano();
+    let ev = d.path().join("events.jsonl");
+    let out = run_on(
+        d.path(),
+        &[
+            "--prompt-ids",
+            "12,7,99",
+            "--max-new",
+            "4",
+            "--json",
+            "--events-jsonl",
+            ev.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&ev)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.first().unwrap()["event"], "start");
+    assert_eq!(events.first().unwrap()["prompt_tokens"], 3);
+    let ids: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|e| e["event"] == "token")
+        .map(|e| e["id"].clone())
+        .collect();
+    assert_eq!(serde_json::Value::Array(ids), v["generated_ids"]);
+    let end = events.last().unwrap();
+    assert_eq!(end["event"], "end");
+    assert_eq!(end["generated"], 4);
+    assert!(events.iter().all(|e| e["t_ms"].as_f64().is_some()));
+}

@@ -1,5 +1,6 @@
 //! The `deltafin` command line (clap), a thin layer over the library.
 
+pub mod events;
 pub mod install;
 pub mod run;
 

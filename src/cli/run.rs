@@ -196,6 +196,10 @@ pub struct RunArgs {
     /// `router_trace.jsonl` in the current directory.
     #[arg(long)]
     pub router_trace: Option<PathBuf>,
+    /// Write one JSON line per event (start, each token with its time and expert statistics,
+    /// end) to this file.
+    #[arg(long)]
+    pub events_jsonl: Option<PathBuf>,
     /// Expert store settings.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -268,7 +272,22 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         stop_ids: vec![model.config().eos_token_id],
     };
     let mut state = model.new_state();
+    let mut events = super::events::Events::create(a.events_jsonl.as_deref())?;
+    events.emit(
+        "start",
+        serde_json::json!({
+            "model_root": a.model_root.display().to_string(),
+            "device": crate::gpu::describe(model.device()),
+            "kernel": model.options.kernel.name(),
+            "spine": model.spine().report(),
+            "prompt_tokens": prompt_ids.len(),
+            "max_new": gen_opts.max_new,
+        }),
+    )?;
+    let mut event_err: Option<anyhow::Error> = None;
+    let mut token_clock = std::time::Instant::now();
     let mut last = model.expert_stats().unwrap_or_default();
+    let mut last_ev = last.clone();
     let mut i = 0;
     let mut dec = StreamDecoder::new();
     let mut split = ChatSplitter::new(thinking);
@@ -297,6 +316,19 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
                     eprintln!("{t}");
                 }
             }
+            if events.on() {
+                let now = model.expert_stats().unwrap_or_default();
+                let ms = crate::model::profile::lap(&mut token_clock);
+                let v = serde_json::json!({
+                    "i": i, "id": id, "ms": ms,
+                    "piece": tok.as_ref().map(|t| t.decode(&[id])),
+                    "experts": now.since(&last_ev),
+                });
+                last_ev = now;
+                if let Err(e) = events.emit("token", v) {
+                    event_err.get_or_insert(e);
+                }
+            }
             if !a.json {
                 match &tok {
                     Some(t) if a.chat => show(split.push(&dec.push(t, id))),
@@ -310,6 +342,20 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     if let Some(rt) = &model.router_trace {
         rt.flush()?;
     }
+    if let Some(e) = event_err {
+        return Err(e);
+    }
+    let decode_steps = gen.generated_ids.len().saturating_sub(1).max(1);
+    events.emit(
+        "end",
+        serde_json::json!({
+            "generated": gen.generated_ids.len(),
+            "stop": gen.stop,
+            "prefill_ms": gen.prefill_ms,
+            "decode_ms_per_token": gen.decode_ms / decode_steps as f64,
+            "experts": model.expert_stats(),
+        }),
+    )?;
     if !a.json && tok.is_some() {
         let rest = dec.finish();
         if a.chat {
