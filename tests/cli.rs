@@ -17,14 +17,15 @@ fn run_on(d: &std::path::Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// `deltafin ARGS DIR`, which must succeed.
+fn succeed(args: &[&str], dir: &std::path::Path) {
+    let st = bin().args(args).arg(dir).status().unwrap();
+    assert!(st.success(), "deltafin {args:?} failed");
+}
+
 fn nano() -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
-    let st = bin()
-        .args(["fixture", "nano"])
-        .arg(d.path())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    succeed(&["fixture", "nano"], d.path());
     d
 }
 
@@ -339,4 +340,51 @@ fn events_jsonl_stream() {
     assert_eq!(end["event"], "end");
     assert_eq!(end["generated"], 4);
     assert!(events.iter().all(|e| e["t_ms"].as_f64().is_some()));
+}
+
+/// `doctor`: a good model passes; a truncated shard and a half-converted spine are reported with
+/// the fix, and a failure makes the exit status non-zero.
+#[test]
+fn doctor_reports_problems() {
+    let d = nano();
+    let doctor = || {
+        bin()
+            .args(["doctor", "--verify", "--model-root"])
+            .arg(d.path())
+            .output()
+            .unwrap()
+    };
+    let out = doctor();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("0 failure(s)") && text.contains("ok    experts"),
+        "{text}"
+    );
+    // A partial int8 conversion: one layer file removed.
+    succeed(&["convert-spine-int8", "--model-root"], d.path());
+    let store = d.path().join("deltafin-spine/int8");
+    std::fs::remove_file(store.join("layer-004.bin")).unwrap();
+    let text = String::from_utf8_lossy(&doctor().stdout).to_string();
+    assert!(
+        text.contains("warn  spine int8") && text.contains("convert-spine-int8"),
+        "{text}"
+    );
+    // A truncated shard.
+    let shard = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .unwrap();
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = doctor();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("FAIL  shards"), "{text}");
 }

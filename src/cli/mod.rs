@@ -1,5 +1,6 @@
 //! The `deltafin` command line (clap), a thin layer over the library.
 
+pub mod doctor;
 pub mod events;
 pub mod install;
 pub mod run;
@@ -60,6 +61,8 @@ pub enum Command {
     Serve(run::ServeArgs),
     /// Generate from a prompt (text, chat, or token ids).
     Run(run::RunArgs),
+    /// Check this machine and (with --model-root) an installed model: ok / warn / FAIL lines.
+    Doctor(doctor::DoctorArgs),
     /// Convert the spine to row-int8 (resumable; the model then uses it automatically).
     ConvertSpineInt8 {
         /// Model directory (a plain checkpoint or an installed model root).
@@ -250,6 +253,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Run(a) => run::run(&a)?,
+        Command::Doctor(a) => doctor::run(&a)?,
         Command::Serve(a) => run::serve(&a)?,
         Command::Setup(a) => install::run_setup(&a)?,
         Command::MockHub { dir, repo, listen } => {

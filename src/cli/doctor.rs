@@ -1,0 +1,245 @@
+//! `deltafin doctor`: what this machine and an installed model can do, and what is wrong with
+//! them, each line `ok`, `warn` or `FAIL` with the fix. Exits non-zero on any `FAIL`.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::mxfp4::Kernel;
+use crate::spine::budget::{reserve, Memory};
+use crate::spine::convert::{store_dir, SpineFormat};
+use crate::K3Config;
+
+/// Arguments of `doctor`.
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// Model directory to audit (without it only the host is checked).
+    #[arg(long)]
+    pub model_root: Option<PathBuf>,
+    /// Also re-read the spine store and check every tensor's checksum (reads all of it).
+    #[arg(long)]
+    pub verify: bool,
+}
+
+#[derive(Default)]
+struct Report {
+    fails: usize,
+    warns: usize,
+}
+
+impl Report {
+    fn ok(&mut self, what: &str, detail: impl std::fmt::Display) {
+        println!("ok    {what}: {detail}");
+    }
+    fn warn(&mut self, what: &str, detail: impl std::fmt::Display) {
+        self.warns += 1;
+        println!("warn  {what}: {detail}");
+    }
+    fn fail(&mut self, what: &str, detail: impl std::fmt::Display) {
+        self.fails += 1;
+        println!("FAIL  {what}: {detail}");
+    }
+}
+
+const GB: f64 = 1e9;
+
+fn host(r: &mut Report) {
+    let k = Kernel::best();
+    let line = format!(
+        "{} threads, MXFP4 kernel {}{}",
+        rayon::current_num_threads(),
+        k.name(),
+        if cfg!(feature = "metal") {
+            ", Metal compiled in"
+        } else {
+            ""
+        }
+    );
+    if k == Kernel::Scalar {
+        r.warn(
+            "cpu",
+            format!("{line} (no SIMD kernel for this CPU: expect slow tokens)"),
+        );
+    } else {
+        r.ok("cpu", line);
+    }
+    if crate::gpu::METAL_COMPILED {
+        match crate::gpu::select(crate::gpu::DeviceChoice::Metal) {
+            Ok(_) => r.ok("metal", "device 0 opens"),
+            Err(e) => r.warn("metal", e),
+        }
+    }
+    let mem = Memory::read();
+    let total = mem.effective_total();
+    let detail = format!(
+        "{:.1} GB usable ({:.1} GB physical{}), {:.1} GB available, {:.1} GB reserved for the OS",
+        total as f64 / GB,
+        mem.total as f64 / GB,
+        mem.cgroup_limit
+            .map(|l| format!(", cgroup limit {:.1} GB", l as f64 / GB))
+            .unwrap_or_default(),
+        mem.available as f64 / GB,
+        reserve(&mem) as f64 / GB
+    );
+    if total < 16_000_000_000 {
+        r.warn(
+            "memory",
+            format!("{detail}: under 16 GB, K3 will stream nearly everything"),
+        );
+    } else {
+        r.ok("memory", detail);
+    }
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: a valid NUL-terminated path and a zeroed out-struct.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0)
+        .then(|| s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+fn model(r: &mut Report, root: &Path, verify: bool) {
+    let cfg = match K3Config::from_file(&root.join("config.json")) {
+        Ok(c) => {
+            let t = c.text();
+            r.ok(
+                "config",
+                format!(
+                    "{} layers, hidden {}, {} experts (top {}), vocabulary {}",
+                    c.num_layers(),
+                    t.hidden_size,
+                    t.num_experts,
+                    t.num_experts_per_token,
+                    t.vocab_size
+                ),
+            );
+            c
+        }
+        Err(e) => return r.fail("config", e),
+    };
+    let inv = match Inventory::from_dir(root) {
+        Ok(i) => {
+            r.ok(
+                "shards",
+                format!("{} shards, {} tensors", i.shards.len(), i.len()),
+            );
+            i
+        }
+        Err(e) => return r.fail("shards", e),
+    };
+    match ExpertIndex::derive_k3(&inv, &cfg) {
+        Ok(x) => r.ok("experts", format!("{} expert spans resolved", x.count())),
+        Err(e) => r.fail("experts", e),
+    }
+    match crate::install::read_manifest(root) {
+        Some(m) if m.mode == "stream" => match crate::install::missing_experts(root, None) {
+            Ok(miss) => {
+                let (n, b) = miss
+                    .iter()
+                    .fold((0, 0u64), |(n, b), t| (n + t.1.len(), b + t.2));
+                r.ok(
+                    "install",
+                    format!(
+                        "streaming install of {}: {n} experts ({:.1} GB) not local yet; `deltafin fetch-experts` fetches them",
+                        m.repo,
+                        b as f64 / GB
+                    ),
+                )
+            }
+            Err(e) => r.fail("install", e),
+        },
+        Some(m) => r.ok("install", format!("full install of {}", m.repo)),
+        None => r.ok("install", "a plain checkpoint directory"),
+    }
+    let layers = cfg.num_layers();
+    for f in [SpineFormat::Int8, SpineFormat::Bf16] {
+        let d = store_dir(root, f);
+        let files: Vec<PathBuf> = (0..layers)
+            .map(|l| d.join(format!("layer-{l:03}.bin")))
+            .chain([d.join("global.bin"), d.join("embed.bin")])
+            .collect();
+        let done = files
+            .iter()
+            .filter(|p| crate::spine::layer::is_complete(p))
+            .count();
+        let what = format!("spine {}", f.dir_name());
+        if done == files.len() {
+            if verify {
+                let pool = crate::experts::BufPool::new(1);
+                let bad: Vec<String> = files[..layers]
+                    .iter()
+                    .filter(|p| {
+                        crate::spine::layer::read_file(p, &pool)
+                            .and_then(|l| l.verify())
+                            .is_err()
+                    })
+                    .map(|p| p.display().to_string())
+                    .collect();
+                if bad.is_empty() {
+                    r.ok(
+                        &what,
+                        format!("complete, {layers} layer checksums verified"),
+                    );
+                } else {
+                    r.fail(
+                        &what,
+                        format!(
+                            "checksum errors in {}: re-run the conversion",
+                            bad.join(", ")
+                        ),
+                    );
+                }
+            } else {
+                r.ok(&what, "complete");
+            }
+        } else if done == 0 {
+            r.ok(&what, "not converted (optional)");
+        } else {
+            r.warn(
+                &what,
+                format!(
+                    "{done} of {} files; resume with `deltafin {} --model-root {}`",
+                    files.len(),
+                    if f == SpineFormat::Int8 {
+                        "convert-spine-int8"
+                    } else {
+                        "convert-spine"
+                    },
+                    root.display()
+                ),
+            );
+        }
+    }
+    match crate::tokenizer::Tokenizer::from_dir(root) {
+        Ok(t) => r.ok("tokenizer", format!("{} ranks", t.num_ranks())),
+        Err(e) => r.fail("tokenizer", e),
+    }
+    match free_bytes(root) {
+        Some(b) if b < 50_000_000_000 => r.warn(
+            "disk",
+            format!(
+                "{:.1} GB free at {}: the expert cache and spine store need room",
+                b as f64 / GB,
+                root.display()
+            ),
+        ),
+        Some(b) => r.ok("disk", format!("{:.1} GB free", b as f64 / GB)),
+        None => r.warn("disk", "free space unknown"),
+    }
+}
+
+/// Runs `deltafin doctor`.
+pub fn run(a: &DoctorArgs) -> anyhow::Result<()> {
+    let mut r = Report::default();
+    host(&mut r);
+    if let Some(root) = &a.model_root {
+        model(&mut r, root, a.verify);
+    }
+    println!("{} failure(s), {} warning(s)", r.fails, r.warns);
+    if r.fails > 0 {
+        anyhow::bail!("doctor found {} failure(s)", r.fails);
+    }
+    Ok(())
+}
