@@ -238,6 +238,24 @@ fn use_avx512() -> bool {
     })
 }
 
+/// Decode (one input row): rows `r0..r0+n` four at a time with the AVX-512 kernel (a single
+/// row's lane chain is add-latency bound); returns how many leading rows it computed (0 where
+/// the kernel is unavailable).
+fn rows_in_flight(m: &DenseMatrix, r0: usize, n: usize, x: &[f32], out: &mut [f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        let mut k = 0;
+        while k + 4 <= n {
+            // SAFETY: AVX-512F was detected; rows r0+k..r0+k+4 exist and x has m.cols values.
+            unsafe { super::dense_x86::dot_rows::<4>(m, r0 + k, x, &mut out[k..k + 4]) };
+            k += 4;
+        }
+        return k;
+    }
+    let _ = (m, r0, n, x, out);
+    0
+}
+
 /// Least work (weight bytes × rows of input) worth splitting across threads.
 const PARALLEL_MIN_BYTES: usize = 256 << 10;
 const ROW_TILE: usize = 32;
@@ -260,17 +278,12 @@ pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()>
         let r0 = tile * ROW_TILE;
         let n = ROW_TILE.min(rows - r0);
         let mut one = vec![0f32; t];
-        let mut k = 0;
-        #[cfg(target_arch = "x86_64")]
-        if t == 1 && use_avx512() {
-            // Decode: four rows in flight (the single-row chain is add-latency bound).
-            while k + 4 <= n {
-                // SAFETY: AVX-512F was detected; rows r0+k..r0+k+4 exist, x has m.cols values.
-                unsafe { super::dense_x86::dot_rows::<4>(m, r0 + k, xr[0], &mut out[k..k + 4]) };
-                k += 4;
-            }
-        }
-        for k in k..n {
+        let done = if t == 1 {
+            rows_in_flight(m, r0, n, xr[0], out)
+        } else {
+            0
+        };
+        for k in done..n {
             m.dot_row_multi(r0 + k, &xr, &mut one);
             for tt in 0..t {
                 out[tt * n + k] = one[tt];
