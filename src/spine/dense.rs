@@ -238,13 +238,18 @@ fn use_avx512() -> bool {
     })
 }
 
-/// Decode (one input row): rows `r0..r0+n` four at a time with the AVX-512 kernel (a single
+/// Decode (one input row): rows `r0..r0+n` eight (then four) at a time with the AVX-512 kernel (a single
 /// row's lane chain is add-latency bound); returns how many leading rows it computed (0 where
 /// the kernel is unavailable).
 fn rows_in_flight(m: &DenseMatrix, r0: usize, n: usize, x: &[f32], out: &mut [f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
     if use_avx512() {
         let mut k = 0;
+        while k + 8 <= n {
+            // SAFETY: AVX-512F was detected; rows r0+k..r0+k+8 exist and x has m.cols values.
+            unsafe { super::dense_x86::dot_rows::<8>(m, r0 + k, x, &mut out[k..k + 8]) };
+            k += 8;
+        }
         while k + 4 <= n {
             // SAFETY: AVX-512F was detected; rows r0+k..r0+k+4 exist and x has m.cols values.
             unsafe { super::dense_x86::dot_rows::<4>(m, r0 + k, x, &mut out[k..k + 4]) };
