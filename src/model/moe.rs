@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
+
 use candle::Tensor;
 
 use super::ops::{rms_norm, situ};
@@ -183,15 +185,23 @@ impl Moe {
                 ys.insert((ids[k], ti), y[p * r..(p + 1) * r].to_vec());
             }
         } else {
-            for (e, b) in ids.iter().zip(&bytes) {
-                let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
-                let rs = &rows[e];
-                let mut zin = Vec::with_capacity(rs.len() * r);
-                for &ti in rs {
-                    zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
-                }
-                let y = ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, true)?;
-                for (k, &ti) in rs.iter().enumerate() {
+            // One expert per task, each single-threaded: fewer hand-offs than splitting every
+            // GEMV's rows, and each output is the same whatever thread computes it.
+            let outs: Vec<Vec<f32>> = ids
+                .par_iter()
+                .zip(&bytes)
+                .map(|(e, b)| -> Result<Vec<f32>> {
+                    let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
+                    let rs = &rows[e];
+                    let mut zin = Vec::with_capacity(rs.len() * r);
+                    for &ti in rs {
+                        zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
+                    }
+                    ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, false)
+                })
+                .collect::<Result<_>>()?;
+            for (e, y) in ids.iter().zip(&outs) {
+                for (k, &ti) in rows[e].iter().enumerate() {
                     ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
                 }
             }
