@@ -287,7 +287,6 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let mut event_err: Option<anyhow::Error> = None;
     let mut token_clock = std::time::Instant::now();
     let mut last = model.expert_stats().unwrap_or_default();
-    let mut last_ev = last.clone();
     let mut i = 0;
     let mut dec = StreamDecoder::new();
     let mut split = ChatSplitter::new(thinking);
@@ -306,10 +305,15 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     };
     let gen =
         Generator::new(&model).generate(&mut state, &prompt_ids, &gen_opts, &cancel, |id| {
-            if a.stats {
+            // This token's expert statistics, read once for --stats and the event stream.
+            let token_stats = (a.stats || events.on()).then(|| {
                 let now = model.expert_stats().unwrap_or_default();
-                eprintln!("{}", stats_line(i, &now.since(&last)));
+                let d = now.since(&last);
                 last = now;
+                d
+            });
+            if let (true, Some(d)) = (a.stats, &token_stats) {
+                eprintln!("{}", stats_line(i, d));
             }
             if let Some(p) = &model.layer_profile {
                 for t in p.take() {
@@ -317,14 +321,12 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
                 }
             }
             if events.on() {
-                let now = model.expert_stats().unwrap_or_default();
                 let ms = crate::model::profile::lap(&mut token_clock);
                 let v = serde_json::json!({
                     "i": i, "id": id, "ms": ms,
                     "piece": tok.as_ref().map(|t| t.decode(&[id])),
-                    "experts": now.since(&last_ev),
+                    "experts": token_stats,
                 });
-                last_ev = now;
                 if let Err(e) = events.emit("token", v) {
                     event_err.get_or_insert(e);
                 }

@@ -1,6 +1,6 @@
 //! Primitive ops in the reference operation order (spec §3.1), as Candle ops on f32.
 
-use candle::{DType, Tensor, D};
+use candle::{DType, Layout, Shape, Tensor, D};
 
 /// `w ⊙ (x · rsqrt(mean(x²) + eps))` over the last dimension.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle::Result<Tensor> {
@@ -38,17 +38,57 @@ pub fn l2_normalize(x: &Tensor) -> candle::Result<Tensor> {
     x.broadcast_div(&n)
 }
 
+/// `dims` with the last dimension set to `n`: the shape of `x · Wᵀ` for `W` with `n` rows.
+pub fn with_last_dim(dims: &[usize], n: usize) -> Vec<usize> {
+    let mut out = dims.to_vec();
+    if let Some(l) = out.last_mut() {
+        *l = n;
+    }
+    out
+}
+
+/// What a matrix-vector custom op needs of its input `[.., cols]` (f32, contiguous).
+pub struct MatvecIo {
+    /// First element of the input in its storage.
+    pub start: usize,
+    /// Input rows (product of the leading dimensions).
+    pub tokens: usize,
+    /// Output shape `[.., rows]`.
+    pub shape: Shape,
+}
+
+/// Checks a matvec op's input (`op` names the op in errors) and derives its `MatvecIo`.
+pub fn matvec_io(
+    op: &str,
+    dtype: DType,
+    layout: &Layout,
+    cols: usize,
+    rows: usize,
+) -> candle::Result<MatvecIo> {
+    if dtype != DType::F32 {
+        candle::bail!("{op}: input must be f32, got {dtype:?}");
+    }
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle::bail!("{op}: input must be contiguous");
+    };
+    let dims = layout.shape().dims();
+    if dims.last().copied() != Some(cols) {
+        candle::bail!("{op}: input {dims:?} does not end in {cols} columns");
+    }
+    Ok(MatvecIo {
+        start,
+        tokens: (end - start).checked_div(cols).unwrap_or(0),
+        shape: Shape::from(with_last_dim(dims, rows)),
+    })
+}
+
 /// `x · Wᵀ` for `x` `[.., in]` and `W` `[out, in]` (f32).
 pub fn linear(x: &Tensor, w: &Tensor) -> candle::Result<Tensor> {
-    let dims = x.dims().to_vec();
+    let dims = x.dims();
     let inp = *dims.last().unwrap_or(&0);
     let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
     let y = x.reshape((rows, inp))?.matmul(&w.t()?)?;
-    let mut out = dims;
-    if let Some(l) = out.last_mut() {
-        *l = w.dim(0)?;
-    }
-    y.reshape(out)
+    y.reshape(with_last_dim(dims, w.dim(0)?))
 }
 
 /// Ensures f32.

@@ -49,9 +49,6 @@ pub fn dense(x: &Tensor, w: &DenseMatrix) -> Result<Tensor> {
     let xs = x.flatten_all()?.to_vec1::<f32>()?;
     let mut ys = vec![0f32; t * w.rows];
     crate::spine::dense::gemm(w, &xs, t, &mut ys)?;
-    let mut out = dims;
-    if let Some(l) = out.last_mut() {
-        *l = w.rows;
-    }
+    let out = super::ops::with_last_dim(&dims, w.rows);
     Ok(Tensor::from_vec(ys, out, x.device())?)
 }

@@ -78,25 +78,19 @@ impl CustomOp1 for Mxfp4Weights {
         storage: &CpuStorage,
         layout: &Layout,
     ) -> candle::Result<(CpuStorage, Shape)> {
-        let x = storage.as_slice::<f32>()?;
-        let (a, b) = layout
-            .contiguous_offsets()
-            .ok_or_else(|| candle::Error::Msg("mxfp4 matvec: input must be contiguous".into()))?;
-        let x = &x[a..b];
-        let dims = layout.shape().dims();
-        let last = dims.last().copied().unwrap_or(0);
-        if last != self.cols {
-            candle::bail!("mxfp4 matvec: input last dim {last} != cols {}", self.cols);
-        }
-        let t = x.len().checked_div(self.cols).unwrap_or(0);
-        let mut y = vec![0f32; t * self.rows];
-        super::gemm_with(self.kernel, &self.matrix(), x, t, &mut y, true)
+        use candle::backend::BackendStorage;
+        let io = crate::model::ops::matvec_io(
+            "mxfp4 matvec",
+            storage.dtype(),
+            layout,
+            self.cols,
+            self.rows,
+        )?;
+        let x = &storage.as_slice::<f32>()?[io.start..io.start + io.tokens * self.cols];
+        let mut y = vec![0f32; io.tokens * self.rows];
+        super::gemm_with(self.kernel, &self.matrix(), x, io.tokens, &mut y, true)
             .map_err(|e| candle::Error::Msg(e.to_string()))?;
-        let mut out_dims = dims.to_vec();
-        if let Some(l) = out_dims.last_mut() {
-            *l = self.rows;
-        }
-        Ok((CpuStorage::F32(y), Shape::from(out_dims)))
+        Ok((CpuStorage::F32(y), io.shape))
     }
 
     #[cfg(feature = "metal")]

@@ -466,10 +466,12 @@ fn launch(
     st: &Arc<AppState>,
     prefix: &str,
     ids: Vec<u32>,
-    max_new: usize,
+    default_max: usize,
     s: Sampling,
     chat: Option<bool>,
 ) -> Result<Launched, ApiError> {
+    // The request's max_tokens (else the endpoint's default), never above the server ceiling.
+    let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
     let ticket = reserve(st)?;
     let (stream, include_usage) = (s.stream, s.include_usage);
     Ok(Launched {
@@ -507,11 +509,6 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         Err(e) => return error(ApiError::bad("messages", e.to_string())),
     };
     let ids = encode_segments(&st.tok, &segs);
-    let max_new = req
-        .sampling
-        .max_tokens
-        .unwrap_or(st.cfg.max_tokens)
-        .min(st.cfg.max_tokens);
     let Launched {
         rx,
         id,
@@ -523,7 +520,7 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         &st,
         "chatcmpl",
         ids,
-        max_new,
+        st.cfg.max_tokens,
         req.sampling,
         Some(req.thinking),
     ) {
@@ -564,11 +561,6 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         Err(e) => return error(e),
     };
     let ids = st.tok.encode_ordinary(&req.prompt);
-    let max_new = req
-        .sampling
-        .max_tokens
-        .unwrap_or(st.cfg.completion_default)
-        .min(st.cfg.max_tokens);
     let Launched {
         rx,
         id,
@@ -576,7 +568,14 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         created,
         stream,
         include_usage,
-    } = match launch(&st, "cmpl", ids, max_new, req.sampling, None) {
+    } = match launch(
+        &st,
+        "cmpl",
+        ids,
+        st.cfg.completion_default,
+        req.sampling,
+        None,
+    ) {
         Ok(l) => l,
         Err(e) => return error(e),
     };

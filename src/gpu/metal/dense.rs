@@ -59,28 +59,15 @@ impl CustomOp1 for DenseOp<'_> {
         layout: &Layout,
     ) -> candle::Result<(MetalStorage, Shape)> {
         let device = storage.device();
-        if storage.dtype() != DType::F32 {
-            candle::bail!(
-                "deltafin-dense: input must be f32, got {:?}",
-                storage.dtype()
-            );
-        }
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            candle::bail!("deltafin-dense: input must be contiguous");
-        };
-        let dims = layout.shape().dims();
-        if dims.last().copied() != Some(self.cols) {
-            candle::bail!(
-                "deltafin-dense: input {dims:?} does not end in {} columns",
-                self.cols
-            );
-        }
-        let tokens = (end - start) / self.cols;
+        let io = crate::model::ops::matvec_io(
+            "deltafin-dense",
+            storage.dtype(),
+            layout,
+            self.cols,
+            self.rows,
+        )?;
+        let (start, tokens) = (io.start, io.tokens);
         let n = tokens * self.rows;
-        let mut out_dims = dims.to_vec();
-        if let Some(l) = out_dims.last_mut() {
-            *l = self.rows;
-        }
         let output = device
             .new_buffer_builder()
             .with_size_for(n, DType::F32)
@@ -116,7 +103,7 @@ impl CustomOp1 for DenseOp<'_> {
         }
         Ok((
             MetalStorage::new(output, device.clone(), n, DType::F32),
-            Shape::from(out_dims),
+            io.shape,
         ))
     }
 }

@@ -221,17 +221,8 @@ pub fn mxfp4_matvec(
 ) -> candle::Result<(MetalStorage, Shape)> {
     let device = storage.device();
     let m = w.matrix();
-    if storage.dtype() != DType::F32 {
-        candle::bail!("mxfp4 matvec: input must be f32");
-    }
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle::bail!("mxfp4 matvec: input must be contiguous");
-    };
-    let dims = layout.shape().dims();
-    if dims.last().copied() != Some(m.cols) {
-        candle::bail!("mxfp4 matvec: input last dim != cols {}", m.cols);
-    }
-    let tokens = (end - start) / m.cols;
+    let io = crate::model::ops::matvec_io("mxfp4 matvec", storage.dtype(), layout, m.cols, m.rows)?;
+    let (start, tokens) = (io.start, io.tokens);
     let (packed, scales) = {
         let mut u = uploaded.lock().map_err(super::metal_err)?;
         match u.as_ref() {
@@ -268,12 +259,8 @@ pub fn mxfp4_matvec(
             enc.dispatch_thread_groups(g, t);
         }
     }
-    let mut out_dims = dims.to_vec();
-    if let Some(l) = out_dims.last_mut() {
-        *l = m.rows;
-    }
     Ok((
         MetalStorage::new(output, device.clone(), n, DType::F32),
-        Shape::from(out_dims),
+        io.shape,
     ))
 }
