@@ -290,7 +290,7 @@ fn matches_reference_on_other_shapes() {
     let cfg =
         deltafin::K3Config::from_root(serde_json::from_value(config.clone()).unwrap()).unwrap();
     let units = model_units(&cfg, "language_model.", false, false);
-    write_model(d.path(), &config, units, 3, 11, &ranks).unwrap();
+    write_model(d.path(), &config, units, 3, 11, &ranks, false).unwrap();
     let m = K3Model::from_dir(d.path(), &Device::Cpu).unwrap();
     let mut r = Reference::load(d.path());
     let mut st = m.new_state();

@@ -85,6 +85,24 @@ pub fn train_ranks(merges: usize) -> Vec<Vec<u8>> {
     vocab
 }
 
+/// Extends `ranks` with distinct random 2–10-byte tokens (seeded) until it holds `n` ranks, for
+/// a vocabulary of real size.
+pub fn pad_ranks(mut ranks: Vec<Vec<u8>>, n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut seen: std::collections::HashSet<Vec<u8>> = ranks.iter().cloned().collect();
+    let mut rng = crate::checkpoint::rng::Rng::new(seed);
+    let alphabet = b" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    while ranks.len() < n {
+        let len = 2 + rng.below(9) as usize;
+        let t: Vec<u8> = (0..len)
+            .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
+            .collect();
+        if seen.insert(t.clone()) {
+            ranks.push(t);
+        }
+    }
+    ranks
+}
+
 /// The `tiktoken.model` text: `base64(bytes) rank` per line.
 pub fn tiktoken_model_text(ranks: &[Vec<u8>]) -> String {
     let mut s = String::new();

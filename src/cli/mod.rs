@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::checkpoint::fixture::{write_nano, write_slice, NanoOptions};
+use crate::checkpoint::fixture::{write_k3_full, write_nano, write_slice, NanoOptions};
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::mxfp4::Kernel;
 use crate::K3Config;
@@ -110,6 +110,16 @@ pub enum FixtureKind {
         /// Routed experts per MoE layer.
         #[arg(long, default_value_t = 32)]
         experts: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// K3's full shape (real config, 96 shards, 82,432 experts at real sizes), written as sparse
+    /// files: about 1.3 GB of disk for 1.56 TB of checkpoint. Outputs are meaningless.
+    #[command(name = "k3-full")]
+    K3Full {
+        /// Output directory.
+        dir: PathBuf,
         /// Seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -229,6 +239,15 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!(
                     "wrote K3-slice ({layers} layers, {experts} experts) to {}",
                     dir.display()
+                );
+            }
+            FixtureKind::K3Full { dir, seed } => {
+                let t0 = std::time::Instant::now();
+                write_k3_full(&dir, seed)?;
+                eprintln!(
+                    "wrote the full-shape K3 fixture (sparse) to {} in {:.1} s",
+                    dir.display(),
+                    t0.elapsed().as_secs_f64()
                 );
             }
         },

@@ -10,6 +10,7 @@ use crate::{Error, Result};
 
 pub mod buf;
 pub mod disk;
+mod prefetch;
 pub mod ram;
 mod remote;
 pub mod tiered;
@@ -30,6 +31,10 @@ pub trait ExpertProvider: Send + Sync {
 
     /// A hint that these experts of `layer` will probably be needed soon.
     fn prefetch(&self, _layer: usize, _experts: &[usize]) {}
+
+    /// The experts the last position of the current pass chose in `layer`: the hint for what
+    /// the next token will need (never a whole prefill chunk's union).
+    fn note_routes(&self, _layer: usize, _experts: &[usize]) {}
 
     /// Called once before each forward pass (one token, or one prefill chunk).
     fn begin_token(&self) {}

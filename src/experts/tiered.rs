@@ -1,17 +1,18 @@
 //! `TieredExperts`: the streaming expert store. Each expert comes from the first tier that has
 //! it: the RAM tier, a finished prefetch, the raw-span disk cache, the local shards, then the hub
 //! (range fetch, published into the disk cache). A layer's missing experts are read concurrently
-//! by a bounded reader pool; at the start of each token the previous token's experts of every
-//! layer are prefetched in the background.
+//! by a bounded reader pool; at the start of each token the experts the previous position chose
+//! in every layer are prefetched in the background, within a byte cap (`prefetch.rs`).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use super::buf::{BufPool, ExpertBuf};
 use super::disk::{CacheAdvice, DiskCache};
+use super::prefetch::{Found, Prefetcher};
 use super::ram::{ExpertKey, RamTier};
 use super::{read_span_into, ExpertBytes, ExpertProvider};
 use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
@@ -57,6 +58,8 @@ pub struct ExpertStats {
     pub hub_requests: u64,
     /// Seconds the model waited for expert bytes.
     pub read_wait_s: f64,
+    /// Most bytes the prefetch held at once (reading + ready), since the provider was built.
+    pub prefetch_peak_bytes: u64,
 }
 
 impl ExpertStats {
@@ -74,6 +77,7 @@ impl ExpertStats {
             hub_bytes: self.hub_bytes - e.hub_bytes,
             hub_requests: self.hub_requests - e.hub_requests,
             read_wait_s: self.read_wait_s - e.read_wait_s,
+            prefetch_peak_bytes: self.prefetch_peak_bytes,
         }
     }
 
@@ -107,8 +111,14 @@ pub struct TieredOptions {
     pub readers: usize,
     /// Page-cache policy for expert reads.
     pub advice: CacheAdvice,
-    /// Prefetch the previous token's experts at the start of each token.
+    /// Prefetch the previous position's experts at the start of each token.
     pub prefetch_previous: bool,
+    /// Most bytes the prefetch may hold (reading + ready); the memory plan sets it.
+    pub prefetch_cap: u64,
+    /// Let prefetch fetch from the hub tier (off: prefetch reads only local tiers).
+    pub prefetch_hub: bool,
+    /// Threads that run prefetch reads (separate from the demand readers).
+    pub prefetch_threads: usize,
     /// Idle expert buffers kept for reuse.
     pub pool_buffers: usize,
 }
@@ -121,15 +131,12 @@ impl Default for TieredOptions {
             readers: 8,
             advice: CacheAdvice::Auto,
             prefetch_previous: true,
-            pool_buffers: 32,
+            prefetch_cap: 1 << 30,
+            prefetch_hub: false,
+            prefetch_threads: 2,
+            pool_buffers: 16,
         }
     }
-}
-
-#[derive(Default)]
-struct Prefetches {
-    pending: HashSet<ExpertKey>,
-    ready: HashMap<ExpertKey, Read>,
 }
 
 pub(crate) struct Inner {
@@ -143,15 +150,23 @@ pub(crate) struct Inner {
     advice: CacheAdvice,
     pub(crate) stats: Mutex<ExpertStats>,
     pub(crate) inflight: Mutex<HashMap<ExpertKey, Arc<Mutex<()>>>>,
-    prefetch: Mutex<Prefetches>,
-    prefetch_done: Condvar,
-    prefetch_previous: bool,
+    pub(crate) prefetcher: Prefetcher,
+    pub(crate) prefetch_cap: u64,
+    prefetch_hub: bool,
     last: Mutex<HashMap<usize, Vec<usize>>>,
 }
 
 /// The tiered expert store.
 pub struct TieredExperts {
     inner: Arc<Inner>,
+    prefetch_threads: usize,
+    started: std::sync::Once,
+}
+
+impl Drop for TieredExperts {
+    fn drop(&mut self) {
+        self.inner.prefetcher.shutdown();
+    }
 }
 
 fn poisoned(what: &str) -> Error {
@@ -221,64 +236,24 @@ impl Inner {
             .collect()
     }
 
-    /// Waits for a pending prefetch of `k` and takes its result.
-    fn take_prefetched(&self, k: ExpertKey) -> Result<Option<Read>> {
-        let mut p = self.prefetch.lock().map_err(|_| poisoned("prefetch"))?;
-        while p.pending.contains(&k) {
-            p = self
-                .prefetch_done
-                .wait(p)
-                .map_err(|_| poisoned("prefetch"))?;
-        }
-        Ok(p.ready.remove(&k))
+    /// Bytes of expert `k`'s span (0 when it does not exist).
+    pub(crate) fn span_len(&self, k: ExpertKey) -> u64 {
+        self.index.span(k.0, k.1).map(|s| s.len()).unwrap_or(0)
     }
 
-    fn prefetch(self: &Arc<Self>, layer: usize, experts: &[usize]) {
-        let mut todo = Vec::new();
-        {
-            let (Ok(ram), Ok(mut p)) = (self.ram.lock(), self.prefetch.lock()) else {
-                return;
-            };
-            for &e in experts {
-                let k = (layer, e);
-                if !ram.contains(&k) && !p.pending.contains(&k) && !p.ready.contains_key(&k) {
-                    p.pending.insert(k);
-                    todo.push(e);
-                }
-            }
+    /// One prefetch read: local tiers, and the hub only when allowed.
+    pub(crate) fn read_for_prefetch(&self, k: ExpertKey) -> Result<Option<Read>> {
+        if let Some(r) = self.read_local(k.0, k.1)? {
+            return Ok(Some(r));
         }
-        if todo.is_empty() {
-            return;
+        if !self.prefetch_hub || self.hub.is_none() {
+            return Ok(None);
         }
-        if let Ok(mut st) = self.stats.lock() {
-            st.prefetch_issued += todo.len() as u64;
-        }
-        let me = self.clone();
-        self.pool.spawn(move || {
-            let res = me.read_below_ram(layer, &todo);
-            if let Ok(mut p) = me.prefetch.lock() {
-                match res {
-                    Ok(reads) => {
-                        for (e, r) in todo.iter().zip(reads) {
-                            p.pending.remove(&(layer, *e));
-                            p.ready.insert((layer, *e), r);
-                        }
-                    }
-                    Err(err) => {
-                        // The foreground fetch will retry and report the error.
-                        tracing::debug!(layer, error = %err, "prefetch failed");
-                        for e in &todo {
-                            p.pending.remove(&(layer, *e));
-                        }
-                    }
-                }
-                // Unused prefetches of old tokens must not pile up.
-                if p.ready.len() > 4096 {
-                    p.ready.clear();
-                }
-            }
-            me.prefetch_done.notify_all();
-        });
+        let got = self.fetch_hub(k.0, &[k.1])?;
+        Ok(got
+            .into_iter()
+            .next()
+            .map(|(_, b)| (ExpertBuf::owned(b), Tier::Hub)))
     }
 
     fn fetch(self: &Arc<Self>, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {
@@ -298,9 +273,12 @@ impl Inner {
         let mut reads: Vec<(usize, Read, bool)> = Vec::new();
         let mut cold = Vec::new();
         for &i in &missing {
-            match self.take_prefetched((layer, experts[i]))? {
-                Some(r) => reads.push((i, r, true)),
-                None => cold.push(i),
+            match self
+                .prefetcher
+                .take((layer, experts[i]), |k| self.span_len(k))?
+            {
+                Found::Ready(r) => reads.push((i, r, true)),
+                Found::Absent => cold.push(i),
             }
         }
         let ids: Vec<usize> = cold.iter().map(|&i| experts[i]).collect();
@@ -318,9 +296,6 @@ impl Inner {
             let b: ExpertBytes = Arc::new(bytes);
             ram.insert((layer, experts[i]), b.clone());
             out[i] = Some(b);
-        }
-        if let Ok(mut last) = self.last.lock() {
-            last.insert(layer, experts.to_vec());
         }
         st.read_wait_s += t0.elapsed().as_secs_f64();
         out.into_iter()
@@ -354,12 +329,24 @@ impl TieredExperts {
                 advice: opts.advice,
                 stats: Mutex::new(ExpertStats::default()),
                 inflight: Mutex::new(HashMap::new()),
-                prefetch: Mutex::new(Prefetches::default()),
-                prefetch_done: Condvar::new(),
-                prefetch_previous: opts.prefetch_previous,
+                prefetcher: Prefetcher::default(),
+                prefetch_cap: opts.prefetch_cap,
+                prefetch_hub: opts.prefetch_hub,
                 last: Mutex::new(HashMap::new()),
             }),
+            prefetch_threads: if opts.prefetch_previous {
+                opts.prefetch_threads.max(1)
+            } else {
+                0
+            },
+            started: std::sync::Once::new(),
         })
+    }
+
+    /// Starts the prefetch threads (once the store is final, see `with_hub`).
+    fn start_prefetch(&self) {
+        self.started
+            .call_once(|| Prefetcher::start(&self.inner, self.prefetch_threads));
     }
 
     /// Adds the hub tier: missing experts are range-fetched from the shard files of the hub
@@ -379,11 +366,14 @@ impl TieredExperts {
 
     /// Counters so far.
     pub fn stats(&self) -> ExpertStats {
-        self.inner
+        let mut s = self
+            .inner
             .stats
             .lock()
             .map(|s| s.clone())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        s.prefetch_peak_bytes = self.inner.prefetcher.peak();
+        s
     }
 
     /// Copies experts of `layer` into the disk cache from the shards or the hub.
@@ -411,22 +401,51 @@ impl ExpertProvider for TieredExperts {
     }
 
     fn prefetch(&self, layer: usize, experts: &[usize]) {
-        self.inner.prefetch(layer, experts);
+        if self.prefetch_threads == 0 {
+            return;
+        }
+        self.start_prefetch();
+        let ram = match self.inner.ram.lock() {
+            Ok(r) => r,
+            Err(_) => return,
+        };
+        let keys: Vec<ExpertKey> = experts
+            .iter()
+            .map(|&e| (layer, e))
+            .filter(|k| !ram.contains(k))
+            .collect();
+        drop(ram);
+        self.inner.prefetcher.hint(keys);
+    }
+
+    fn note_routes(&self, layer: usize, experts: &[usize]) {
+        if let Ok(mut last) = self.inner.last.lock() {
+            last.insert(layer, experts.to_vec());
+        }
     }
 
     fn begin_token(&self) {
-        if let Ok(mut ram) = self.inner.ram.lock() {
-            ram.next_token();
+        let Ok(mut ram) = self.inner.ram.lock() else {
+            return;
+        };
+        ram.next_token();
+        if self.prefetch_threads == 0 {
+            return;
         }
-        if self.inner.prefetch_previous {
-            let last: Vec<(usize, Vec<usize>)> = match self.inner.last.lock() {
-                Ok(l) => l.iter().map(|(k, v)| (*k, v.clone())).collect(),
-                Err(_) => return,
-            };
-            for (layer, ids) in last {
-                self.inner.prefetch(layer, &ids);
-            }
-        }
+        self.start_prefetch();
+        let mut hints: Vec<ExpertKey> = match self.inner.last.lock() {
+            Ok(mut l) => l
+                .drain()
+                .flat_map(|(layer, ids)| ids.into_iter().map(move |e| (layer, e)))
+                .filter(|k| !ram.contains(k))
+                .collect(),
+            Err(_) => return,
+        };
+        drop(ram);
+        hints.sort_unstable();
+        self.inner
+            .prefetcher
+            .restart(hints, |k| self.inner.span_len(k));
     }
 
     fn stats(&self) -> Option<ExpertStats> {

@@ -33,6 +33,9 @@ pub struct ModelOptions {
     pub kernel: Kernel,
     /// Longest run of positions per forward call (bounds prefill memory).
     pub prefill_chunk: usize,
+    /// Most routed experts one MoE layer holds at once (a prefill chunk's selection is fetched
+    /// and run in groups of this many).
+    pub expert_batch: usize,
 }
 
 impl Default for ModelOptions {
@@ -42,6 +45,7 @@ impl Default for ModelOptions {
             mla: MlaMode::Compact,
             kernel: Kernel::best(),
             prefill_chunk: 64,
+            expert_batch: 32,
         }
     }
 }
@@ -351,6 +355,7 @@ impl K3Model {
                         &ld,
                         self.experts.as_ref(),
                         self.options.kernel,
+                        self.options.expert_batch,
                         trace.as_ref().map(|_| &mut routes),
                     )?;
                     if let Some(tr) = trace.as_deref_mut() {

@@ -137,6 +137,62 @@ impl Moe {
             .collect())
     }
 
+    /// Runs one group of fetched experts over their rows, into `ys[(expert, row)]`.
+    #[allow(clippy::too_many_arguments)]
+    fn run_group(
+        &self,
+        ids: &[usize],
+        bytes: &[crate::experts::ExpertBytes],
+        rows: &BTreeMap<usize, Vec<usize>>,
+        z: &[f32],
+        device: &candle::Device,
+        kernel: Kernel,
+        ys: &mut BTreeMap<(usize, usize), Vec<f32>>,
+    ) -> Result<()> {
+        let r = self.latent;
+        let pairs: Vec<(usize, usize)> = ids
+            .iter()
+            .enumerate()
+            .flat_map(|(k, e)| rows[e].iter().map(move |&ti| (k, ti)))
+            .collect();
+        let on_gpu = crate::gpu::run_experts(
+            device,
+            bytes,
+            &pairs,
+            z,
+            (self.inter, r),
+            (self.beta, self.linear_beta),
+        );
+        if let Some(y) = on_gpu {
+            let y = y?;
+            for (p, &(k, ti)) in pairs.iter().enumerate() {
+                ys.insert((ids[k], ti), y[p * r..(p + 1) * r].to_vec());
+            }
+            return Ok(());
+        }
+        // One expert per task, each single-threaded: fewer hand-offs than splitting every
+        // GEMV's rows, and each output is the same whatever thread computes it.
+        let outs: Vec<Vec<f32>> = ids
+            .par_iter()
+            .zip(bytes)
+            .map(|(e, b)| -> Result<Vec<f32>> {
+                let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
+                let rs = &rows[e];
+                let mut zin = Vec::with_capacity(rs.len() * r);
+                for &ti in rs {
+                    zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
+                }
+                ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, false)
+            })
+            .collect::<Result<_>>()?;
+        for (e, y) in ids.iter().zip(&outs) {
+            for (k, &ti) in rows[e].iter().enumerate() {
+                ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
+            }
+        }
+        Ok(())
+    }
+
     /// `[T, H]` → `[T, H]`; each selected expert is fetched and run once for all its rows.
     pub fn forward(
         &self,
@@ -144,6 +200,7 @@ impl Moe {
         ld: &LayerData,
         experts: &dyn ExpertProvider,
         kernel: Kernel,
+        batch: usize,
         trace: Option<&mut Vec<Route>>,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
@@ -162,49 +219,17 @@ impl Moe {
                 rows.entry(e).or_default().push(ti);
             }
         }
-        let ids: Vec<usize> = rows.keys().copied().collect();
-        let bytes = experts.fetch(self.layer, &ids)?;
+        if let Some(last) = routes.last() {
+            experts.note_routes(self.layer, &last.experts);
+        }
+        let all: Vec<usize> = rows.keys().copied().collect();
         // y[(expert, row)] for every selected pair, on the GPU when the model runs there.
         let mut ys: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
-        let pairs: Vec<(usize, usize)> = ids
-            .iter()
-            .enumerate()
-            .flat_map(|(k, e)| rows[e].iter().map(move |&ti| (k, ti)))
-            .collect();
-        let on_gpu = crate::gpu::run_experts(
-            x.device(),
-            &bytes,
-            &pairs,
-            &z,
-            (self.inter, r),
-            (self.beta, self.linear_beta),
-        );
-        if let Some(y) = on_gpu {
-            let y = y?;
-            for (p, &(k, ti)) in pairs.iter().enumerate() {
-                ys.insert((ids[k], ti), y[p * r..(p + 1) * r].to_vec());
-            }
-        } else {
-            // One expert per task, each single-threaded: fewer hand-offs than splitting every
-            // GEMV's rows, and each output is the same whatever thread computes it.
-            let outs: Vec<Vec<f32>> = ids
-                .par_iter()
-                .zip(&bytes)
-                .map(|(e, b)| -> Result<Vec<f32>> {
-                    let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
-                    let rs = &rows[e];
-                    let mut zin = Vec::with_capacity(rs.len() * r);
-                    for &ti in rs {
-                        zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
-                    }
-                    ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, false)
-                })
-                .collect::<Result<_>>()?;
-            for (e, y) in ids.iter().zip(&outs) {
-                for (k, &ti) in rows[e].iter().enumerate() {
-                    ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
-                }
-            }
+        // A long prefill chunk can select most of a layer's experts: hold at most `batch` of
+        // them at once (the memory plan charges that many).
+        for ids in all.chunks(batch.max(1)) {
+            let bytes = experts.fetch(self.layer, ids)?;
+            self.run_group(ids, &bytes, &rows, &z, x.device(), kernel, &mut ys)?;
         }
         // Accumulate per row in its own top-k order, so T rows equal T single calls.
         let mut acc = vec![0f32; t * r];

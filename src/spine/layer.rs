@@ -73,6 +73,38 @@ impl LayerData {
         }
     }
 
+    /// Gathers tensors `(name, dtype, shape, byte length)` into one pooled buffer, each read in
+    /// place by `read(index, destination)` (no intermediate copies).
+    pub fn gather(
+        tensors: &[(String, StDtype, Vec<usize>, usize)],
+        pool: &Arc<BufPool>,
+        mut read: impl FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<Self> {
+        let mut off = 0usize;
+        let mut entries = Vec::with_capacity(tensors.len());
+        for (name, dtype, shape, len) in tensors {
+            off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
+            entries.push(Entry {
+                name: name.clone(),
+                dtype: dtype.as_str().to_string(),
+                shape: shape.clone(),
+                offset: off,
+                len: *len,
+                checksum: 0,
+            });
+            off += len;
+        }
+        let mut buf = pool.take(off)?;
+        for (i, e) in entries.iter().enumerate() {
+            read(i, &mut buf[e.offset..e.offset + e.len])?;
+        }
+        Ok(LayerData {
+            buf,
+            entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+            device: None,
+        })
+    }
+
     /// Names of the tensors held.
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.entries.keys()

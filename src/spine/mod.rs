@@ -12,7 +12,7 @@ pub mod source;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use crate::checkpoint::{Inventory, ShardFiles, StDtype};
+use crate::checkpoint::{Inventory, ShardFiles, StDtype, TensorInfo};
 use crate::{Error, Result};
 
 /// Reads spine tensors straight from the checkpoint shards (BF16/F16/F32 widened exactly).
@@ -30,16 +30,26 @@ impl ShardSpine {
         }
     }
 
-    /// Raw bytes of a tensor.
-    pub fn bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
-        let t = self.inv.get(name).ok_or_else(|| Error::Tensor {
+    /// Where a tensor lies.
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.inv.get(name).ok_or_else(|| Error::Tensor {
             name: name.into(),
             msg: format!("missing from the checkpoint in {}", self.inv.dir.display()),
-        })?;
-        let mut buf = vec![0u8; t.len() as usize];
+        })
+    }
+
+    /// Reads a tensor's bytes into `dst` (`t.len()` bytes).
+    pub fn read_into(&self, t: &TensorInfo, dst: &mut [u8]) -> Result<()> {
         let f = self.files.get(t.shard)?;
-        f.read_exact_at(&mut buf, t.start)
-            .map_err(|e| Error::io(self.inv.shard_path(t.shard), e))?;
+        f.read_exact_at(dst, t.start)
+            .map_err(|e| Error::io(self.inv.shard_path(t.shard), e))
+    }
+
+    /// Raw bytes of a tensor.
+    pub fn bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+        let t = self.info(name)?;
+        let mut buf = vec![0u8; t.len() as usize];
+        self.read_into(t, &mut buf)?;
         Ok((buf, t.dtype, t.shape.clone()))
     }
 }

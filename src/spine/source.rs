@@ -77,6 +77,7 @@ impl Inner {
                 &layer_names(&self.inv, l),
                 &self.inv.layer_name(l, ""),
                 |_| true,
+                &self.pool,
             ),
         }
     }
@@ -87,20 +88,23 @@ fn pack_from_shards(
     names: &[String],
     strip: &str,
     keep: impl Fn(&[usize]) -> bool,
+    pool: &Arc<BufPool>,
 ) -> Result<LayerData> {
     let mut tensors = Vec::new();
+    let mut infos = Vec::new();
     for full in names {
-        let (bytes, dtype, shape) = s.bytes(full)?;
-        if keep(&shape) {
+        let t = s.info(full)?;
+        if keep(&t.shape) {
             tensors.push((
                 full.strip_prefix(strip).unwrap_or(full).to_string(),
-                dtype,
-                shape,
-                bytes,
+                t.dtype,
+                t.shape.clone(),
+                t.len() as usize,
             ));
+            infos.push(t);
         }
     }
-    Ok(LayerData::pack(tensors))
+    LayerData::gather(&tensors, pool, |i, dst| s.read_into(infos[i], dst))
 }
 
 /// Reads only the small tensors of a spine file (header, then one positioned read each).
@@ -242,7 +246,13 @@ impl Spine {
                 (g, (Some(f), e))
             }
             Backing::Shards(s) => {
-                let g = pack_from_shards(s, &global_names(&inv), &inv.prefix, |_| true)?;
+                let g = pack_from_shards(
+                    s,
+                    &global_names(&inv),
+                    &inv.prefix,
+                    |_| true,
+                    &BufPool::new(0),
+                )?;
                 let name = inv.name("model.embed_tokens.weight");
                 let t = inv.get(&name).ok_or_else(|| Error::Tensor {
                     name: name.clone(),
@@ -300,6 +310,7 @@ impl Spine {
                 &layer_names(&self.inner.inv, l),
                 &self.inner.inv.layer_name(l, ""),
                 is_small,
+                &BufPool::new(0),
             ),
         }
     }

@@ -158,19 +158,7 @@ fn ranks_file_errors_name_the_line() {
 #[test]
 fn real_size_vocabulary_from_dir() {
     use base64::Engine;
-    let mut ranks = train_ranks(240);
-    let mut seen: std::collections::HashSet<Vec<u8>> = ranks.iter().cloned().collect();
-    let mut rng = crate::checkpoint::rng::Rng::new(3);
-    let alphabet = b" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    while ranks.len() < 163_840 {
-        let n = 2 + rng.below(9) as usize;
-        let t: Vec<u8> = (0..n)
-            .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize])
-            .collect();
-        if seen.insert(t.clone()) {
-            ranks.push(t);
-        }
-    }
+    let ranks = crate::checkpoint::tiktoken_fixture::pad_ranks(train_ranks(240), 163_840, 3);
     let dir = tempfile::tempdir().unwrap();
     let b64 = base64::engine::general_purpose::STANDARD;
     let text: String = ranks
