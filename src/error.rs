@@ -55,6 +55,15 @@ pub enum Error {
         msg: String,
     },
 
+    /// A sequence would grow past the context limit.
+    #[error("context limit: {needed} tokens needed, the limit is {limit} (raise it with --context, within the model's max_position_embeddings and the memory plan)")]
+    ContextLimit {
+        /// Positions the sequence would hold.
+        needed: usize,
+        /// The limit.
+        limit: usize,
+    },
+
     /// MXFP4 data has the wrong size or shape.
     #[error("mxfp4: {0}")]
     Mxfp4(String),

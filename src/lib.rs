@@ -33,6 +33,7 @@ pub mod generate;
 pub mod gpu;
 pub mod hub;
 pub mod install;
+pub mod memory;
 pub mod model;
 pub mod mxfp4;
 pub mod progress;

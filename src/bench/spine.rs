@@ -76,7 +76,7 @@ pub fn spine_bench(dir: &Path, runs: usize, mut emit: impl FnMut(serde_json::Val
         let o = SpineOptions {
             choice: SpineChoice::Bf16,
             resident_bytes: resident,
-            in_flight: 2,
+            ..Default::default()
         };
         let spine = Spine::open(dir, inv.clone(), n, &candle::Device::Cpu, &o)?;
         K3Model::load(cfg.clone(), Arc::new(spine), experts.clone())

@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::mxfp4::Kernel;
-use crate::spine::budget::{reserve, Memory};
+use crate::memory::{reserve, Memory};
 use crate::spine::convert::{store_dir, SpineFormat};
 use crate::K3Config;
 
@@ -72,15 +72,17 @@ fn host(r: &mut Report) {
     }
     let mem = Memory::read();
     let total = mem.effective_total();
+    let (limit, source) = mem.limit();
     let detail = format!(
-        "{:.1} GB usable ({:.1} GB physical{}), {:.1} GB available, {:.1} GB reserved for the OS",
+        "{:.1} GB usable ({:.1} GB physical{}), {:.1} GB available, limit {:.1} GB ({source}), {:.1} GB reserved for the OS",
         total as f64 / GB,
         mem.total as f64 / GB,
         mem.cgroup_limit
             .map(|l| format!(", cgroup limit {:.1} GB", l as f64 / GB))
             .unwrap_or_default(),
         mem.available as f64 / GB,
-        reserve(&mem) as f64 / GB
+        limit as f64 / GB,
+        reserve(limit) as f64 / GB
     );
     if total < 16_000_000_000 {
         r.warn(
@@ -132,6 +134,19 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
     match ExpertIndex::derive_k3(&inv, &cfg) {
         Ok(x) => r.ok("experts", format!("{} expert spans resolved", x.count())),
         Err(e) => r.fail("experts", e),
+    }
+    let inv = std::sync::Arc::new(inv);
+    let opts = crate::model::LoadOptions::default();
+    match crate::model::load::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
+        Ok(p) => r.ok(
+            "memory plan",
+            format!(
+                "{} of {} layers pinned with default settings\n{p}",
+                p.pinned_count(),
+                cfg.num_layers()
+            ),
+        ),
+        Err(e) => r.fail("memory plan", e),
     }
     match crate::install::read_manifest(root) {
         Some(m) if m.mode == "stream" => match crate::install::missing_experts(root, None) {

@@ -4,6 +4,7 @@ pub mod doctor;
 pub mod events;
 pub mod install;
 pub mod run;
+pub mod store;
 
 use std::path::PathBuf;
 

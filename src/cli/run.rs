@@ -7,156 +7,12 @@ use std::sync::Arc;
 use clap::Args;
 
 use crate::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
-use crate::experts::{CacheAdvice, DiskCache, ExpertStats, TieredOptions};
+use crate::experts::ExpertStats;
 use crate::model::RouterTrace;
-use crate::spine::budget::{reserve, resident_budget, Memory};
-use crate::spine::source::{SpineChoice, SpineOptions};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
-use crate::{GenerateOptions, Generator, K3Model};
+use crate::{GenerateOptions, Generator};
 
-/// Expert-store settings shared by the commands that run the model.
-#[derive(Debug, Clone, Args)]
-pub struct StoreArgs {
-    /// RAM tier budget for routed experts, in GiB.
-    #[arg(long, default_value_t = 4.0)]
-    pub ram_gb: f64,
-    /// Concurrent expert readers.
-    #[arg(long, default_value_t = 8)]
-    pub readers: usize,
-    /// Raw-span disk cache directory (`L{layer}-E{expert}.bin` files).
-    #[arg(long)]
-    pub cache_dir: Option<PathBuf>,
-    /// Verify cache files against the checksum recorded when they were written.
-    #[arg(long)]
-    pub verify_cache: bool,
-    /// Do not prefetch the previous token's experts.
-    #[arg(long)]
-    pub no_prefetch: bool,
-    /// Page-cache policy for expert reads: auto (drop after reading) or off.
-    #[arg(long, default_value = "auto")]
-    pub page_cache: String,
-    /// Spine format: auto (row-int8 if converted, else BF16), int8, or bf16 (original weights).
-    #[arg(long, default_value = "auto")]
-    pub spine: String,
-    /// GB of spine layers to keep resident (default: what the RAM budget allows).
-    #[arg(long)]
-    pub spine_resident_gb: Option<f64>,
-    /// Compute device for the spine: auto (Metal when built with `--features metal` and a GPU
-    /// exists, else the CPU), cpu, or metal.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub device: crate::gpu::DeviceChoice,
-}
-
-impl StoreArgs {
-    /// The store settings and disk cache these arguments describe.
-    pub fn build(&self) -> anyhow::Result<(TieredOptions, Option<DiskCache>)> {
-        let advice = match self.page_cache.as_str() {
-            "auto" => CacheAdvice::Auto,
-            "off" => CacheAdvice::Off,
-            other => anyhow::bail!("--page-cache {other}: use auto or off"),
-        };
-        if !(self.ram_gb >= 0.0 && self.ram_gb.is_finite()) {
-            anyhow::bail!("--ram-gb must be a non-negative number");
-        }
-        let opts = TieredOptions {
-            ram_budget: (self.ram_gb * (1u64 << 30) as f64) as usize,
-            readers: self.readers.max(1),
-            advice,
-            prefetch_previous: !self.no_prefetch,
-            ..Default::default()
-        };
-        let cache = match &self.cache_dir {
-            Some(d) => {
-                let mut c = DiskCache::new(d, advice)?;
-                c.verify = self.verify_cache;
-                Some(c)
-            }
-            None => None,
-        };
-        Ok((opts, cache))
-    }
-
-    /// The spine settings: format choice and how many bytes of layers to pin.
-    pub fn spine_options(&self, expert_ram: usize) -> anyhow::Result<SpineOptions> {
-        let choice = match self.spine.as_str() {
-            "auto" => SpineChoice::Auto,
-            "int8" => SpineChoice::Int8,
-            "bf16" => SpineChoice::Bf16,
-            other => anyhow::bail!("--spine {other}: use auto, int8 or bf16"),
-        };
-        let resident_bytes = match self.spine_resident_gb {
-            Some(gb) if gb >= 0.0 && gb.is_finite() => (gb * 1e9) as u64,
-            Some(_) => anyhow::bail!("--spine-resident-gb must be a non-negative number"),
-            None => {
-                let mem = Memory::read();
-                // Fixed costs: the expert RAM tier plus a margin for state and activations.
-                let fixed = expert_ram as u64 + 1_000_000_000;
-                let b = resident_budget(&mem, fixed);
-                tracing::info!(
-                    total = mem.effective_total(),
-                    reserve = reserve(&mem),
-                    fixed,
-                    budget = b,
-                    "spine RAM budget"
-                );
-                b
-            }
-        };
-        Ok(SpineOptions {
-            choice,
-            resident_bytes: Some(resident_bytes),
-            ..Default::default()
-        })
-    }
-}
-
-/// Loads the model with the store settings and prints the startup report on stderr.
-pub fn load_model(root: &std::path::Path, store: &StoreArgs) -> anyhow::Result<K3Model> {
-    let (opts, cache) = store.build()?;
-    let opts_ram = opts.ram_budget;
-    let spine = store.spine_options(opts.ram_budget)?;
-    let device = crate::gpu::select(store.device)?;
-    let model = K3Model::from_dir_with(root, &device, &opts, cache, &spine)?;
-    let r = model.spine().report();
-    eprintln!(
-        "device: {} (host: {} threads, MXFP4 kernel {}); experts: RAM tier {:.1} GB{}{}, {} readers, prefetch {}",
-        crate::gpu::describe(&device),
-        rayon::current_num_threads(),
-        model.options.kernel.name(),
-        opts_ram as f64 / (1u64 << 30) as f64,
-        if store.cache_dir.is_some() { ", disk cache" } else { "" },
-        match crate::install::read_manifest(root) {
-            Some(m) if m.mode == "stream" => ", disk cache + hub (streaming install)",
-            _ => ", local shards",
-        },
-        store.readers,
-        if store.no_prefetch { "off" } else { "on" }
-    );
-    eprintln!(
-        "spine: {} from {}; {} layers pinned ({:.2} GB), {} streamed; spine bytes read per token: {:.2} GB",
-        r.format.dir_name(),
-        if r.from_store { "the converted store" } else { "the checkpoint shards" },
-        r.layers_pinned,
-        r.resident_bytes as f64 / 1e9,
-        r.layers_streamed,
-        r.bytes_read_per_token as f64 / 1e9
-    );
-    if let Some(m) = crate::install::read_manifest(root).filter(|m| m.mode == "stream") {
-        let missing = crate::install::missing_experts(root, None)?;
-        let (n, bytes): (usize, u64) = missing
-            .iter()
-            .fold((0, 0), |(n, b), t| (n + t.1.len(), b + t.2));
-        let total: usize = model.config().moe_layers().count() * model.config().text().num_experts;
-        eprintln!(
-            "experts: streaming install of {}: {} of {} experts local; `deltafin fetch-experts` would download {}",
-            m.repo,
-            total - n,
-            total,
-            indicatif::HumanBytes(bytes)
-        );
-    }
-    Ok(model)
-}
+pub use super::store::{load_model, StoreArgs};
 
 /// Arguments of `run`.
 #[derive(Debug, Clone, Args)]
@@ -224,7 +80,7 @@ fn stats_line(i: usize, s: &ExpertStats) -> String {
 
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
-    let mut model = load_model(&a.model_root, &a.store)?;
+    let mut model = load_model(&a.model_root, &a.store, 0)?;
     model.router_trace = match &a.router_trace {
         Some(p) => Some(RouterTrace::create(p)?),
         None => RouterTrace::from_env(&std::env::current_dir()?)?,
@@ -356,6 +212,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "prefill_ms": gen.prefill_ms,
             "decode_ms_per_token": gen.decode_ms / decode_steps as f64,
             "experts": model.expert_stats(),
+            "memory": super::store::memory_report(&model),
         }),
     )?;
     if !a.json && tok.is_some() {
@@ -377,6 +234,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "generated_ids": gen.generated_ids,
             "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
             "stop": gen.stop,
+            "memory": super::store::memory_report(&model),
         });
         println!("{v}");
     } else {
@@ -407,6 +265,15 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             eprintln!("total: {}", serde_json::to_string(&s)?);
         }
     }
+    let (_, peak) = crate::memory::rss();
+    eprintln!(
+        "peak RSS {:.2} GB{}",
+        peak as f64 / 1e9,
+        match model.plan() {
+            Some(p) => format!(" (memory plan total {:.2} GB)", p.total as f64 / 1e9),
+            None => String::new(),
+        }
+    );
     Ok(())
 }
 
@@ -442,7 +309,7 @@ pub struct ServeArgs {
 
 /// Runs `deltafin serve`.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
-    let model = load_model(&a.model_root, &a.store)?;
+    let model = load_model(&a.model_root, &a.store, 1)?;
     let tok = Tokenizer::from_dir(&a.model_root)?;
     let cfg = crate::server::ServerConfig {
         model_id: a.model_id.clone(),

@@ -95,13 +95,19 @@ impl BufPool {
 
     /// A buffer of exactly `len` visible bytes (contents unspecified), recycled when possible.
     pub fn take(self: &Arc<Self>, len: usize) -> Result<ExpertBuf> {
+        self.take_sized(len, len)
+    }
+
+    /// `take`, but a fresh allocation gets at least `cap` bytes of capacity, so every buffer
+    /// of a pool of template layers fits any layer and the pool never grows past its users.
+    pub fn take_sized(self: &Arc<Self>, len: usize, cap: usize) -> Result<ExpertBuf> {
         let reused = self.free.lock().ok().and_then(|mut f| {
             let i = f.iter().position(|b| b.capacity() >= len)?;
             Some(f.swap_remove(i))
         });
         let mut b = match reused {
             Some(b) => b,
-            None => AlignedBuf::new(len)?,
+            None => AlignedBuf::new(len.max(cap))?,
         };
         b.set_len(len);
         Ok(ExpertBuf(Inner::Pooled(Some(b), Arc::downgrade(self))))

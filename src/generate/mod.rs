@@ -76,7 +76,8 @@ impl<'m> Generator<'m> {
     }
 
     /// Prefills `prompt` into `state` and decodes greedily; `on_token` sees each new token as it
-    /// is chosen; `cancel` is checked between tokens.
+    /// is chosen; `cancel` is checked between prefill chunks and between tokens. Generation
+    /// also stops (`Length`) when the context limit is reached.
     pub fn generate(
         &self,
         state: &mut SeqState,
@@ -121,7 +122,12 @@ impl<'m> Generator<'m> {
             return Ok(out);
         }
         let t0 = Instant::now();
-        let mut logits = self.model.forward(prompt, state)?.to_vec1::<f32>()?;
+        let Some(logits) = self.model.forward_with(prompt, state, None, Some(cancel))? else {
+            out.stop = StopReason::Cancelled;
+            out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+            return Ok(out);
+        };
+        let mut logits = logits.to_vec1::<f32>()?;
         out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         out.first_step_top = top_k(&logits, 10);
         let t1 = Instant::now();
@@ -138,6 +144,9 @@ impl<'m> Generator<'m> {
             }
             if cancel.load(Ordering::Relaxed) {
                 out.stop = StopReason::Cancelled;
+                break;
+            }
+            if state.pos >= self.model.context_limit() {
                 break;
             }
             logits = self.model.forward(&[next], state)?.to_vec1::<f32>()?;

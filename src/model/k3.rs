@@ -86,23 +86,23 @@ pub struct K3Model {
     pub router_trace: Option<super::trace::RouterTrace>,
     /// Per-layer phase timings (off when `None`).
     pub layer_profile: Option<Arc<super::profile::LayerProfile>>,
+    /// Most positions a sequence may hold (the config's, or the memory plan's).
+    pub(crate) context_limit: usize,
+    /// The memory plan the model was loaded under, if any.
+    pub(crate) plan: Option<crate::memory::MemoryPlan>,
 }
 
 impl K3Model {
-    /// Loads a plain checkpoint directory (config.json + shards) onto `device`: the spine from
-    /// its converted store when present (else the shards), experts streamed by a `TieredExperts`
-    /// store with default settings over the local shards.
+    /// Loads a plain checkpoint directory (config.json + shards) onto `device` under the memory
+    /// plan (`K3Model::open` with default `LoadOptions`): the spine from its converted store when
+    /// present (else the shards), pinned as far as the plan allows; experts streamed by a
+    /// `TieredExperts` store over the local shards.
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        Self::from_dir_with(
-            dir,
-            device,
-            &TieredOptions::default(),
-            None,
-            &SpineOptions::default(),
-        )
+        Self::open(dir, device, &super::load::LoadOptions::default())
     }
 
-    /// `from_dir` with chosen expert-store and spine settings.
+    /// `from_dir` with explicit expert-store and spine settings and no memory plan (tests and
+    /// benchmarks that choose every size themselves).
     pub fn from_dir_with(
         dir: &Path,
         device: &Device,
@@ -172,6 +172,7 @@ impl K3Model {
         )?;
         let final_norm = g.tensor("model.norm.weight", &[h], &device)?;
         g.matrix("lm_head.weight", t.vocab_size, h)?;
+        let context_limit = t.max_position_embeddings.unwrap_or(usize::MAX);
         Ok(K3Model {
             cfg,
             spine,
@@ -179,10 +180,28 @@ impl K3Model {
             layers,
             out_res,
             final_norm,
+            context_limit,
             options: ModelOptions::default(),
             router_trace: None,
             layer_profile: None,
+            plan: None,
         })
+    }
+
+    /// The memory plan the model was loaded under (`None` for `from_dir_with`).
+    pub fn plan(&self) -> Option<&crate::memory::MemoryPlan> {
+        self.plan.as_ref()
+    }
+
+    /// Most positions a sequence may hold.
+    pub fn context_limit(&self) -> usize {
+        self.context_limit
+    }
+
+    /// Sets the context limit (at most the config's `max_position_embeddings`).
+    pub fn set_context_limit(&mut self, n: usize) {
+        let max = self.cfg.text().max_position_embeddings.unwrap_or(usize::MAX);
+        self.context_limit = n.min(max);
     }
 
     /// The config.
@@ -214,7 +233,7 @@ impl K3Model {
                 .iter()
                 .map(|l| match &l.attn {
                     Attn::Kda(k) => LayerState::Kda(k.new_state()),
-                    Attn::Mla(m) => LayerState::Mla(m.new_state()),
+                    Attn::Mla(m) => LayerState::Mla(m.new_state(self.context_limit)),
                 })
                 .collect(),
         }
@@ -231,20 +250,49 @@ impl K3Model {
         &self,
         ids: &[u32],
         state: &mut SeqState,
-        mut trace: Option<&mut RouteTrace>,
+        trace: Option<&mut RouteTrace>,
     ) -> Result<Tensor> {
+        self.forward_with(ids, state, trace, None)?
+            .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))
+    }
+
+    /// Checks that `n` more positions fit the context limit and the vocabulary.
+    pub fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()> {
         if ids.is_empty() {
             return Err(crate::Error::Msg("forward needs at least one token".into()));
         }
-        let t = self.cfg.text();
-        let vocab = t.vocab_size;
+        let vocab = self.cfg.text().vocab_size;
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
             return Err(crate::Error::Msg(format!(
                 "token id {bad} is outside the vocabulary (0..{vocab})"
             )));
         }
+        if state.pos + ids.len() > self.context_limit {
+            return Err(crate::Error::ContextLimit {
+                needed: state.pos + ids.len(),
+                limit: self.context_limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// `forward_traced` that checks `cancel` between prefill chunks: `Ok(None)` when it was
+    /// set (the chunks already consumed stay in `state`).
+    pub fn forward_with(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        mut trace: Option<&mut RouteTrace>,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Option<Tensor>> {
+        self.check_input(ids, state)?;
+        let t = self.cfg.text();
+        let vocab = t.vocab_size;
         let mut last = None;
         for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
+            if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
+                return Ok(None);
+            }
             last = Some(self.forward_chunk(chunk, state, trace.as_deref_mut())?);
         }
         let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
@@ -254,7 +302,7 @@ impl K3Model {
             .spine
             .global()
             .matrix("lm_head.weight", vocab, t.hidden_size)?;
-        Ok(dense(&x, &lm_head)?.squeeze(0)?)
+        Ok(Some(dense(&x, &lm_head)?.squeeze(0)?))
     }
 
     fn forward_chunk(

@@ -1,9 +1,11 @@
-//! Gated MLA without RoPE (spec §3.5), with the compact latent cache (`c_n`, `k_pe`) and
-//! `kv_b` absorbed into the query and output; the expanded form is kept as the reference.
+//! Gated MLA without RoPE (spec §3.5), with the compact latent cache (`c_n`, `k_pe`, grown in
+//! place: `mla_cache.rs`) and `kv_b` absorbed into the query and output; the expanded form is
+//! kept as the reference.
 
 use candle::{Device, Tensor, D};
 use rayon::prelude::*;
 
+use super::mla_cache::{attend, LatentCache};
 use super::ops::{rms_norm, sigmoid};
 use super::weights::{dense, LayerWeights};
 use crate::spine::dense::DenseMatrix;
@@ -19,14 +21,12 @@ pub enum MlaMode {
     Expanded,
 }
 
-/// Per-sequence MLA cache: normalised latents and the shared key part, `[P, kv_lora]`,
-/// `[P, rope]`. Tensors are immutable, so a clone is a cheap snapshot.
+/// Per-sequence MLA cache: `[c_n | k_pe]` of every past position (`[P, kv_lora + rope]`),
+/// shared copy-on-write, so a clone is a cheap snapshot.
 #[derive(Debug, Clone)]
 pub struct MlaState {
-    /// `c_n` of every past position.
-    pub c: Option<Tensor>,
-    /// `k_pe` of every past position.
-    pub kpe: Option<Tensor>,
+    /// The latent rows.
+    pub cache: LatentCache,
 }
 
 /// One gated MLA block (small tensors; matrices come from the layer data at each pass).
@@ -62,9 +62,11 @@ impl Mla {
         })
     }
 
-    /// An empty cache.
-    pub fn new_state(&self) -> MlaState {
-        MlaState { c: None, kpe: None }
+    /// An empty cache that may grow to `limit` positions.
+    pub fn new_state(&self, limit: usize) -> MlaState {
+        MlaState {
+            cache: LatentCache::new(self.kv_lora + self.rope, limit),
+        }
     }
 
     fn causal_mask(t: usize, past: usize, dev: &Device) -> Result<Tensor> {
@@ -149,46 +151,46 @@ impl Mla {
             self.eps,
         )?;
         let kpe = ckv.narrow(1, kl, rope)?.contiguous()?;
-        let past = st.c.as_ref().map(|c| c.dim(0)).transpose()?.unwrap_or(0);
-        let c_all = match &st.c {
-            Some(c) => Tensor::cat(&[c, &c_n], 0)?,
-            None => c_n.clone(),
-        };
-        let kpe_all = match &st.kpe {
-            Some(k) => Tensor::cat(&[k, &kpe], 0)?,
-            None => kpe.clone(),
-        };
-        let mask = Self::causal_mask(t, past, x.device())?;
+        let past = st.cache.len();
+        // Append this call's rows `[c_n | k_pe]` in place.
+        let (cn, kp) = (c_n.to_vec2::<f32>()?, kpe.to_vec2::<f32>()?);
+        let new_rows: Vec<f32> = cn
+            .iter()
+            .zip(&kp)
+            .flat_map(|(a, b)| a.iter().chain(b).copied())
+            .collect();
+        st.cache.append(&new_rows);
         let scale = 1.0 / ((nope + rope) as f64).sqrt();
         let total = past + t;
-        let pe_scores = q_pe.matmul(
-            &kpe_all
-                .t()?
-                .unsqueeze(0)?
-                .broadcast_as((nh, rope, total))?
-                .contiguous()?,
-        )?;
         let kv_b = m("self_attn.kv_b_proj.weight", nh * (nope + vd), kl)?;
         let o = match mode {
             MlaMode::Compact => {
-                // q_lat = q_nope · W_k: [nh, T, kv_lora]
-                let q_lat = self.absorb_query(&q_nope, &kv_b)?;
-                let c_t = c_all
-                    .t()?
-                    .unsqueeze(0)?
-                    .broadcast_as((nh, kl, total))?
-                    .contiguous()?;
-                let scores = ((q_lat.matmul(&c_t)? + pe_scores)? * scale)?.broadcast_add(&mask)?;
-                let p = candle_nn::ops::softmax_last_dim(&scores)?;
-                let ctx = p.matmul(
-                    &c_all
-                        .unsqueeze(0)?
-                        .broadcast_as((nh, total, kl))?
-                        .contiguous()?,
-                )?;
+                // q_lat = q_nope · W_k: [nh, T, kv_lora]; each query row is [q_lat | q_pe].
+                let q_lat = self.absorb_query(&q_nope, &kv_b)?.flatten_all()?.to_vec1::<f32>()?;
+                let q_pe = q_pe.flatten_all()?.to_vec1::<f32>()?;
+                let q: Vec<f32> = q_lat
+                    .chunks_exact(kl)
+                    .zip(q_pe.chunks_exact(rope.max(1)))
+                    .flat_map(|(a, b)| a.iter().chain(&b[..rope]).copied())
+                    .collect();
+                // Row h·T + ti sees positions up to past + ti.
+                let visible = move |r: usize| past + r % t + 1;
+                let ctx = attend(&st.cache, &q, kl, scale as f32, &visible);
+                let ctx = Tensor::from_vec(ctx, (nh, t, kl), x.device())?;
                 self.absorb_output(&ctx, &kv_b)? // [nh, T, v]
             }
             MlaMode::Expanded => {
+                let rows = Tensor::from_slice(st.cache.rows(), (total, kl + rope), x.device())?;
+                let c_all = rows.narrow(1, 0, kl)?.contiguous()?;
+                let kpe_all = rows.narrow(1, kl, rope)?.contiguous()?;
+                let mask = Self::causal_mask(t, past, x.device())?;
+                let pe_scores = q_pe.matmul(
+                    &kpe_all
+                        .t()?
+                        .unsqueeze(0)?
+                        .broadcast_as((nh, rope, total))?
+                        .contiguous()?,
+                )?;
                 let kv = dense(&c_all, &kv_b)?
                     .reshape((total, nh, nope + vd))?
                     .transpose(0, 1)?; // [nh, P, nope+v]
@@ -205,8 +207,6 @@ impl Mla {
             x,
             &m("self_attn.g_proj.weight", nh * vd, h)?,
         )?)?)?;
-        st.c = Some(c_all);
-        st.kpe = Some(kpe_all);
         dense(&o, &m("self_attn.o_proj.weight", h, nh * vd)?)
     }
 }

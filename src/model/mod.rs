@@ -4,7 +4,9 @@ pub mod attn_res;
 pub mod k3;
 pub mod kda;
 pub mod kda_kernels;
+pub mod load;
 pub mod mla;
+pub mod mla_cache;
 pub mod moe;
 pub mod ops;
 pub mod profile;
@@ -14,6 +16,7 @@ pub mod weights;
 
 pub use k3::{K3Model, ModelOptions, RouteTrace};
 pub use kda::KdaMode;
+pub use load::LoadOptions;
 pub use mla::MlaMode;
 pub use moe::{route, Route};
 pub use profile::{LayerProfile, LayerTiming};

@@ -78,6 +78,7 @@ impl LayerData {
     pub fn gather(
         tensors: &[(String, StDtype, Vec<usize>, usize)],
         pool: &Arc<BufPool>,
+        cap: usize,
         mut read: impl FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<Self> {
         let mut off = 0usize;
@@ -94,7 +95,7 @@ impl LayerData {
             });
             off += len;
         }
-        let mut buf = pool.take(off)?;
+        let mut buf = pool.take_sized(off, cap)?;
         for (i, e) in entries.iter().enumerate() {
             read(i, &mut buf[e.offset..e.offset + e.len])?;
         }
@@ -304,9 +305,14 @@ pub fn parse_header(bytes: &[u8], file_len: usize, path: &Path) -> Result<Vec<En
 
 /// Reads a whole spine file with one sequential read into a pooled aligned buffer.
 pub fn read_file(path: &Path, pool: &Arc<BufPool>) -> Result<LayerData> {
+    read_file_sized(path, pool, 0)
+}
+
+/// `read_file` into a buffer of at least `cap` bytes when a new one must be allocated.
+pub fn read_file_sized(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
-    let mut buf = pool.take(len)?;
+    let mut buf = pool.take_sized(len, cap)?;
     f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
     let entries = parse_header(&buf, len, path)?;
     Ok(LayerData {

@@ -1,7 +1,6 @@
 //! The spine: every dense tensor of the model. `source::Spine` hands the model each layer (from the
 //! converted store or the shards, pinned or streamed); `ShardSpine` reads raw tensors from shards.
 
-pub mod budget;
 pub mod convert;
 pub mod dense;
 #[cfg(target_arch = "x86_64")]

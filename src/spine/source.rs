@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use super::convert::{global_names, is_small, layer_names, store_dir, SpineFormat};
-use super::layer::{is_complete, parse_header, read_file, Entry, LayerData};
+use super::layer::{is_complete, parse_header, read_file, read_file_sized, Entry, LayerData};
 use super::{to_f32, ShardSpine};
 use crate::checkpoint::{Inventory, StDtype};
 use crate::experts::BufPool;
@@ -33,8 +33,10 @@ pub enum SpineChoice {
 pub struct SpineOptions {
     /// Format choice.
     pub choice: SpineChoice,
-    /// Bytes of layers to pin (`None`: pin everything).
+    /// Bytes of layers to pin, whole layers in order (`None`: pin everything).
     pub resident_bytes: Option<u64>,
+    /// Exactly which layers to pin (the memory plan's choice); wins over `resident_bytes`.
+    pub pin: Option<Vec<bool>>,
     /// Streamed layers in flight (2 = double buffering).
     pub in_flight: usize,
 }
@@ -44,6 +46,7 @@ impl Default for SpineOptions {
         SpineOptions {
             choice: SpineChoice::Auto,
             resident_bytes: None,
+            pin: None,
             in_flight: 2,
         }
     }
@@ -69,15 +72,17 @@ impl Inner {
         }
     }
 
-    fn load(&self, l: usize) -> Result<LayerData> {
+    /// Layer `l` in a buffer from `pool` of at least `cap` bytes.
+    fn load(&self, l: usize, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
         match &self.backing {
-            Backing::Files(_) => read_file(&self.layer_path(l), &self.pool),
+            Backing::Files(_) => read_file_sized(&self.layer_path(l), pool, cap),
             Backing::Shards(s) => pack_from_shards(
                 s,
                 &layer_names(&self.inv, l),
                 &self.inv.layer_name(l, ""),
                 |_| true,
-                &self.pool,
+                pool,
+                cap,
             ),
         }
     }
@@ -89,6 +94,7 @@ fn pack_from_shards(
     strip: &str,
     keep: impl Fn(&[usize]) -> bool,
     pool: &Arc<BufPool>,
+    cap: usize,
 ) -> Result<LayerData> {
     let mut tensors = Vec::new();
     let mut infos = Vec::new();
@@ -104,7 +110,7 @@ fn pack_from_shards(
             infos.push(t);
         }
     }
-    LayerData::gather(&tensors, pool, |i, dst| s.read_into(infos[i], dst))
+    LayerData::gather(&tensors, pool, cap, |i, dst| s.read_into(infos[i], dst))
 }
 
 /// Reads only the small tensors of a spine file (header, then one positioned read each).
@@ -164,24 +170,40 @@ pub struct Spine {
     global: LayerData,
     embed: (Option<std::fs::File>, Entry),
     in_flight: usize,
+    stream_cap: usize,
+}
+
+/// Which layers to pin: as many whole layers as fit in `budget`, in layer order.
+pub fn choose_pinned(layer_bytes: &[u64], budget: u64) -> Vec<bool> {
+    let mut used = 0u64;
+    layer_bytes
+        .iter()
+        .map(|&b| {
+            if used + b <= budget {
+                used += b;
+                true
+            } else {
+                false
+            }
+        })
+        .collect()
 }
 
 impl Spine {
-    /// Opens the spine of the model in `root` (whose shards `inv` describes).
-    pub fn open(
+    /// Where the spine comes from (converted store or shards) for `choice`.
+    fn backing(
         root: &Path,
-        inv: Arc<Inventory>,
+        inv: &Arc<Inventory>,
         num_layers: usize,
-        device: &Device,
-        opts: &SpineOptions,
-    ) -> Result<Spine> {
+        choice: SpineChoice,
+    ) -> Result<(Backing, SpineFormat)> {
         let complete = |f: SpineFormat| {
             let d = store_dir(root, f);
             (0..num_layers).all(|l| is_complete(&d.join(format!("layer-{l:03}.bin"))))
                 && is_complete(&d.join("global.bin"))
                 && is_complete(&d.join("embed.bin"))
         };
-        let (backing, format) = match opts.choice {
+        Ok(match choice {
             SpineChoice::Int8 if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
             SpineChoice::Int8 => {
                 return Err(Error::Msg(format!(
@@ -193,34 +215,88 @@ impl Spine {
             SpineChoice::Auto if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
             _ if complete(SpineFormat::Bf16) => (Backing::Files(store_dir(root, SpineFormat::Bf16)), SpineFormat::Bf16),
             _ => (Backing::Shards(ShardSpine::new(inv.clone())), SpineFormat::Bf16),
-        };
-        let inner = Arc::new(Inner {
-            backing,
-            inv: inv.clone(),
-            format,
-            pool: BufPool::new(opts.in_flight.max(1) + 1),
-        });
-        let layer_bytes: Vec<u64> = (0..num_layers)
-            .map(|l| match &inner.backing {
-                Backing::Files(_) => std::fs::metadata(inner.layer_path(l))
+        })
+    }
+
+    fn layer_sizes(backing: &Backing, inv: &Inventory, num_layers: usize) -> Vec<u64> {
+        (0..num_layers)
+            .map(|l| match backing {
+                Backing::Files(d) => std::fs::metadata(d.join(format!("layer-{l:03}.bin")))
                     .map(|m| m.len())
                     .unwrap_or(0),
-                Backing::Shards(_) => layer_names(&inv, l)
+                Backing::Shards(_) => layer_names(inv, l)
                     .iter()
                     .filter_map(|n| inv.get(n))
                     .map(|t| t.len())
                     .sum(),
             })
-            .collect();
+            .collect()
+    }
+
+    /// What the memory plan needs before anything is read: each layer's bytes and the tail's
+    /// (lm_head included) for the spine `choice` would open.
+    pub fn sizes(
+        root: &Path,
+        inv: &Arc<Inventory>,
+        num_layers: usize,
+        choice: SpineChoice,
+    ) -> Result<(Vec<u64>, u64)> {
+        let (backing, _) = Self::backing(root, inv, num_layers, choice)?;
+        let global = match &backing {
+            Backing::Files(d) => std::fs::metadata(d.join("global.bin"))
+                .map(|m| m.len())
+                .unwrap_or(0),
+            Backing::Shards(_) => global_names(inv)
+                .iter()
+                .filter_map(|n| inv.get(n))
+                .map(|t| t.len())
+                .sum(),
+        };
+        Ok((Self::layer_sizes(&backing, inv, num_layers), global))
+    }
+
+    /// Opens the spine of the model in `root` (whose shards `inv` describes).
+    pub fn open(
+        root: &Path,
+        inv: Arc<Inventory>,
+        num_layers: usize,
+        device: &Device,
+        opts: &SpineOptions,
+    ) -> Result<Spine> {
+        let (backing, format) = Self::backing(root, &inv, num_layers, opts.choice)?;
+        let layer_bytes = Self::layer_sizes(&backing, &inv, num_layers);
+        let inner = Arc::new(Inner {
+            backing,
+            inv: inv.clone(),
+            format,
+            pool: BufPool::new(opts.in_flight.max(1)),
+        });
         let gpu = crate::gpu::SpineDevice::new(device)?;
         // A pinned layer on the GPU also has a device copy (the host one serves the host-side
         // ops), so on unified memory it costs twice its size.
         let budget = opts.resident_bytes.unwrap_or(u64::MAX) / if gpu.is_some() { 2 } else { 1 };
-        let pin = super::budget::choose_pinned(&layer_bytes, budget);
+        let pin = match &opts.pin {
+            Some(p) if p.len() == num_layers => p.clone(),
+            Some(p) => {
+                return Err(Error::Msg(format!(
+                    "pin list has {} layers, the model {num_layers}",
+                    p.len()
+                )))
+            }
+            None => choose_pinned(&layer_bytes, budget),
+        };
+        // Every streamed buffer is sized for the largest streamed layer (a template layer), so
+        // the pool holds at most `in_flight` of them whatever the layer order.
+        let stream_cap = (0..num_layers)
+            .filter(|&l| !pin[l])
+            .map(|l| layer_bytes[l] as usize)
+            .max()
+            .unwrap_or(0);
+        let exact = BufPool::new(0);
         let mut pinned = Vec::with_capacity(num_layers);
         for (l, p) in pin.iter().enumerate() {
             pinned.push(if *p {
-                let mut d = inner.load(l)?;
+                let mut d = inner.load(l, &exact, 0)?;
                 if let Some(g) = &gpu {
                     g.pin(&mut d)?;
                 }
@@ -252,6 +328,7 @@ impl Spine {
                     &inv.prefix,
                     |_| true,
                     &BufPool::new(0),
+                    0,
                 )?;
                 let name = inv.name("model.embed_tokens.weight");
                 let t = inv.get(&name).ok_or_else(|| Error::Tensor {
@@ -283,6 +360,7 @@ impl Spine {
             global,
             embed,
             in_flight: opts.in_flight.max(1),
+            stream_cap,
         })
     }
 
@@ -311,6 +389,7 @@ impl Spine {
                 &self.inner.inv.layer_name(l, ""),
                 is_small,
                 &BufPool::new(0),
+                0,
             ),
         }
     }
@@ -379,11 +458,12 @@ impl Spine {
         }
         let (tx, rx) = sync_channel(self.in_flight.saturating_sub(2));
         let inner = self.inner.clone();
+        let cap = self.stream_cap;
         let thread = std::thread::Builder::new()
             .name("spine-loader".into())
             .spawn(move || {
                 for l in streamed {
-                    if tx.send((l, inner.load(l))).is_err() {
+                    if tx.send((l, inner.load(l, &inner.pool, cap))).is_err() {
                         return;
                     }
                 }

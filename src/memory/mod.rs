@@ -1,5 +1,9 @@
-//! How much of the spine can stay resident: memory (cgroup limits included) minus a reserve for
-//! the OS and page cache (`max(10 GB, 18%)`) minus fixed costs.
+//! Memory of this machine and of this process, and `MemoryPlan`: the one budget every consumer
+//! is charged against before anything is pinned (`plan.rs`). Owns reading `/proc/meminfo`, the
+//! cgroup limit and `/proc/self/status`; must not allocate model memory itself.
+
+mod plan;
+pub use plan::{MemoryPlan, PlanInputs, PlanLine};
 
 /// Memory figures of this machine (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,7 +16,8 @@ pub struct Memory {
     pub cgroup_limit: Option<u64>,
 }
 
-const GB: u64 = 1_000_000_000;
+/// 10^9 bytes.
+pub const GB: u64 = 1_000_000_000;
 
 impl Memory {
     /// Reads `/proc/meminfo` and the cgroup (v2, then v1) limit; zeros when unknown.
@@ -52,6 +57,34 @@ impl Memory {
             None => self.total,
         }
     }
+
+    /// The smallest of `MemAvailable`, the cgroup limit and `MemTotal` (unknown ones ignored),
+    /// and which one it is.
+    pub fn limit(&self) -> (u64, &'static str) {
+        let mut best = (self.total, "MemTotal");
+        if self.available > 0 && self.available < best.0 {
+            best = (self.available, "MemAvailable");
+        }
+        if let Some(c) = self.cgroup_limit.filter(|&c| c < best.0) {
+            best = (c, "cgroup limit");
+        }
+        best
+    }
+}
+
+/// This process's resident memory now (`VmRSS`) and at its peak (`VmHWM`), in bytes.
+pub fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
 }
 
 /// Physical memory on macOS (`sysctl hw.memsize`).
@@ -76,32 +109,11 @@ fn macos_memsize() -> u64 {
     }
 }
 
-/// Bytes reserved for the OS and the page cache.
-pub fn reserve(mem: &Memory) -> u64 {
-    (10 * GB).max(mem.effective_total() * 18 / 100)
-}
-
-/// Bytes available for resident spine layers after the reserve and `fixed` costs.
-pub fn resident_budget(mem: &Memory, fixed: u64) -> u64 {
-    mem.effective_total()
-        .saturating_sub(reserve(mem))
-        .saturating_sub(fixed)
-}
-
-/// Which layers to pin: as many whole layers as fit in `budget`, in layer order.
-pub fn choose_pinned(layer_bytes: &[u64], budget: u64) -> Vec<bool> {
-    let mut used = 0u64;
-    layer_bytes
-        .iter()
-        .map(|&b| {
-            if used + b <= budget {
-                used += b;
-                true
-            } else {
-                false
-            }
-        })
-        .collect()
+/// Bytes held back for the OS, the page cache's working set and allocator slack, out of the
+/// memory limit: `max(1.5 GB, 10%)`. The limit already excludes what other processes use
+/// (`MemAvailable`), so this is smaller than Deltafin's `max(10 GB, 18%)` of physical memory.
+pub fn reserve(limit: u64) -> u64 {
+    (3 * GB / 2).max(limit / 10)
 }
 
 #[cfg(test)]
@@ -109,49 +121,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn budget_arithmetic() {
-        // 64 GB Mac: reserve max(10, 11.52) = 11.52 GB.
-        let mac = Memory {
+    fn the_smallest_limit_wins() {
+        let m = Memory {
             total: 64 * GB,
             available: 50 * GB,
             cgroup_limit: None,
         };
-        assert_eq!(reserve(&mac), 64 * GB * 18 / 100);
-        assert_eq!(
-            resident_budget(&mac, 4 * GB),
-            64 * GB - 64 * GB * 18 / 100 - 4 * GB
-        );
-        // A cgroup limit smaller than physical memory wins.
-        let box_ = Memory {
-            total: 256 * GB,
-            available: 200 * GB,
+        assert_eq!(m.limit(), (50 * GB, "MemAvailable"));
+        let boxed = Memory {
             cgroup_limit: Some(32 * GB),
+            ..m
         };
-        assert_eq!(box_.effective_total(), 32 * GB);
-        assert_eq!(resident_budget(&box_, 0), 22 * GB);
-        // Tiny machine: nothing pinned.
-        let tiny = Memory {
+        assert_eq!(boxed.limit(), (32 * GB, "cgroup limit"));
+        assert_eq!(boxed.effective_total(), 32 * GB);
+        let unknown = Memory {
             total: 8 * GB,
-            available: 6 * GB,
+            available: 0,
             cgroup_limit: None,
         };
-        assert_eq!(resident_budget(&tiny, GB), 0);
-        // Huge machine: 18% dominates.
-        let huge = Memory {
-            total: 1000 * GB,
-            available: 900 * GB,
-            cgroup_limit: None,
-        };
-        assert_eq!(resident_budget(&huge, 0), 820 * GB);
+        assert_eq!(unknown.limit(), (8 * GB, "MemTotal"));
+        assert_eq!(reserve(8 * GB), 3 * GB / 2);
+        assert_eq!(reserve(100 * GB), 10 * GB);
     }
 
     #[test]
-    fn pins_whole_layers_in_order() {
-        assert_eq!(
-            choose_pinned(&[5, 5, 5, 5], 12),
-            vec![true, true, false, false]
-        );
-        assert_eq!(choose_pinned(&[5, 5], 0), vec![false, false]);
-        assert_eq!(choose_pinned(&[5, 5], u64::MAX), vec![true, true]);
+    fn rss_is_read() {
+        let (now, peak) = rss();
+        assert!(now > 0 && peak >= now, "{now} {peak}");
     }
 }

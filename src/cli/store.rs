@@ -1,0 +1,172 @@
+//! The store, spine and memory flags shared by every command that runs the model, and
+//! `load_model`: the model under the memory plan, with the startup report (the plan as a table).
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::experts::{CacheAdvice, DiskCache, TieredOptions};
+use crate::model::LoadOptions;
+use crate::spine::source::SpineChoice;
+use crate::K3Model;
+
+/// Expert-store, spine and memory settings shared by the commands that run the model.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// Memory limit in GB for the memory plan (default: the smallest of MemAvailable, the
+    /// cgroup limit and MemTotal).
+    #[arg(long)]
+    pub memory_gb: Option<f64>,
+    /// RAM tier budget for routed experts, in GiB (default: the memory plan's choice, at most 4).
+    #[arg(long)]
+    pub ram_gb: Option<f64>,
+    /// Context limit in tokens (default: the largest power of two whose sequence state takes at
+    /// most a tenth of the memory budget, within the config's max_position_embeddings).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Concurrent expert readers.
+    #[arg(long, default_value_t = 8)]
+    pub readers: usize,
+    /// Raw-span disk cache directory (`L{layer}-E{expert}.bin` files).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Verify cache files against the checksum recorded when they were written.
+    #[arg(long)]
+    pub verify_cache: bool,
+    /// Do not prefetch the previous position's experts.
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Let prefetch fetch from the hub on a streaming install (off: prefetch reads only the
+    /// disk cache and local shards).
+    #[arg(long)]
+    pub prefetch_hub: bool,
+    /// Page-cache policy for expert reads: auto (drop after reading) or off.
+    #[arg(long, default_value = "auto")]
+    pub page_cache: String,
+    /// Spine format: auto (row-int8 if converted, else BF16), int8, or bf16 (original weights).
+    #[arg(long, default_value = "auto")]
+    pub spine: String,
+    /// Most GB of spine layers to keep resident (default: what the memory plan allows).
+    #[arg(long)]
+    pub spine_resident_gb: Option<f64>,
+    /// Compute device for the spine: auto (Metal when built with `--features metal` and a GPU
+    /// exists, else the CPU), cpu, or metal.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: crate::gpu::DeviceChoice,
+}
+
+fn non_negative(v: Option<f64>, flag: &str, unit: f64) -> anyhow::Result<Option<u64>> {
+    match v {
+        Some(x) if x >= 0.0 && x.is_finite() => Ok(Some((x * unit) as u64)),
+        Some(_) => anyhow::bail!("{flag} must be a non-negative number"),
+        None => Ok(None),
+    }
+}
+
+impl StoreArgs {
+    /// The load options these flags describe; `saved_states` extra sequence states are charged.
+    pub fn load_options(&self, saved_states: usize) -> anyhow::Result<LoadOptions> {
+        let advice = match self.page_cache.as_str() {
+            "auto" => CacheAdvice::Auto,
+            "off" => CacheAdvice::Off,
+            other => anyhow::bail!("--page-cache {other}: use auto or off"),
+        };
+        let spine = match self.spine.as_str() {
+            "auto" => SpineChoice::Auto,
+            "int8" => SpineChoice::Int8,
+            "bf16" => SpineChoice::Bf16,
+            other => anyhow::bail!("--spine {other}: use auto, int8 or bf16"),
+        };
+        if self.context == Some(0) {
+            anyhow::bail!("--context must be at least 1");
+        }
+        let cache = match &self.cache_dir {
+            Some(d) => {
+                let mut c = DiskCache::new(d, advice)?;
+                c.verify = self.verify_cache;
+                Some(c)
+            }
+            None => None,
+        };
+        Ok(LoadOptions {
+            memory_limit: non_negative(self.memory_gb, "--memory-gb", 1e9)?,
+            expert_ram: non_negative(self.ram_gb, "--ram-gb", (1u64 << 30) as f64)?,
+            context: self.context,
+            resident_cap: non_negative(self.spine_resident_gb, "--spine-resident-gb", 1e9)?,
+            saved_states,
+            spine,
+            store: TieredOptions {
+                readers: self.readers.max(1),
+                advice,
+                prefetch_previous: !self.no_prefetch,
+                prefetch_hub: self.prefetch_hub,
+                ..Default::default()
+            },
+            cache,
+        })
+    }
+}
+
+/// Loads the model under the memory plan and prints the startup report on stderr (the plan as
+/// a table, the device, the expert tiers and the spine).
+pub fn load_model(root: &Path, store: &StoreArgs, saved_states: usize) -> anyhow::Result<K3Model> {
+    let opts = store.load_options(saved_states)?;
+    let device = crate::gpu::select(store.device)?;
+    let model = K3Model::open(root, &device, &opts)?;
+    if let Some(p) = model.plan() {
+        eprintln!("{p}");
+    }
+    let r = model.spine().report();
+    let ram = model.plan().map(|p| p.expert_ram).unwrap_or(0);
+    eprintln!(
+        "device: {} (host: {} threads, MXFP4 kernel {}); experts: RAM tier {:.2} GB{}{}, {} readers, prefetch {}",
+        crate::gpu::describe(&device),
+        rayon::current_num_threads(),
+        model.options.kernel.name(),
+        ram as f64 / 1e9,
+        if store.cache_dir.is_some() { ", disk cache" } else { "" },
+        match crate::install::read_manifest(root) {
+            Some(m) if m.mode == "stream" => ", disk cache + hub (streaming install)",
+            _ => ", local shards",
+        },
+        store.readers,
+        match model.plan().map(|p| p.prefetch_cap) {
+            Some(c) if c > 0 => format!("on (cap {:.2} GB)", c as f64 / 1e9),
+            _ => "off".into(),
+        }
+    );
+    eprintln!(
+        "spine: {} from {}; {} layers pinned ({:.2} GB), {} streamed; spine bytes read per token: {:.2} GB; context limit {} tokens",
+        r.format.dir_name(),
+        if r.from_store { "the converted store" } else { "the checkpoint shards" },
+        r.layers_pinned,
+        r.resident_bytes as f64 / 1e9,
+        r.layers_streamed,
+        r.bytes_read_per_token as f64 / 1e9,
+        model.context_limit()
+    );
+    if let Some(m) = crate::install::read_manifest(root).filter(|m| m.mode == "stream") {
+        let missing = crate::install::missing_experts(root, None)?;
+        let (n, bytes): (usize, u64) = missing
+            .iter()
+            .fold((0, 0), |(n, b), t| (n + t.1.len(), b + t.2));
+        let total: usize = model.config().moe_layers().count() * model.config().text().num_experts;
+        eprintln!(
+            "experts: streaming install of {}: {} of {} experts local; `deltafin fetch-experts` would download {}",
+            m.repo,
+            total - n,
+            total,
+            indicatif::HumanBytes(bytes)
+        );
+    }
+    Ok(model)
+}
+
+/// Peak resident memory (`VmHWM`) and the plan's total, for end-of-run reports.
+pub fn memory_report(model: &K3Model) -> serde_json::Value {
+    let (_, peak) = crate::memory::rss();
+    serde_json::json!({
+        "peak_rss_bytes": peak,
+        "plan": model.plan(),
+    })
+}

@@ -1,0 +1,274 @@
+//! `MemoryPlan`: one budget, computed once at startup, that charges every consumer before any
+//! layer is pinned: the process baseline, small tensors, lm_head and the tail, pinned layers
+//! (twice with a device copy), streamed layers in flight, the expert RAM tier, prefetch holdings,
+//! expert reads in flight, the reader pool's idle buffers, per-sequence state at the chosen
+//! context (and the server's saved states), prefill activations, and the OS reserve. Pure
+//! arithmetic over `PlanInputs`, so every rule is unit-tested.
+
+use super::{reserve, Memory, GB};
+use crate::{Error, Result};
+
+/// Everything the plan charges, measured or derived from the config and the checkpoint.
+#[derive(Debug, Clone)]
+pub struct PlanInputs {
+    /// This machine's memory.
+    pub memory: Memory,
+    /// `--memory-gb`: replaces the measured limit (for testing smaller machines).
+    pub limit_override: Option<u64>,
+    /// Spine bytes of each decoder layer.
+    pub layer_bytes: Vec<u64>,
+    /// lm_head and the tail norms (always resident).
+    pub global_bytes: u64,
+    /// Small per-layer tensors (norms, conv weights) as loaded.
+    pub small_bytes: u64,
+    /// Pinned data also has a device copy (Metal): charged twice.
+    pub device_copies: bool,
+    /// Streamed layers held at once (the one computing and the one read ahead).
+    pub in_flight: usize,
+    /// Bytes of one routed expert.
+    pub expert_bytes: u64,
+    /// `--ram-gb` (None: the plan sizes the RAM tier).
+    pub expert_ram: Option<u64>,
+    /// Whether prefetch runs.
+    pub prefetch: bool,
+    /// Idle expert buffers the reader pool keeps.
+    pub pool_buffers: usize,
+    /// Experts one MoE layer holds at once.
+    pub expert_batch: usize,
+    /// Per-sequence state that does not grow with the context (KDA).
+    pub state_fixed: u64,
+    /// Per-sequence bytes per position (MLA latent cache).
+    pub state_per_position: u64,
+    /// `--context` (None: the plan picks the largest power of two that fits its share).
+    pub context: Option<usize>,
+    /// The config's `max_position_embeddings`.
+    pub max_context: usize,
+    /// Extra sequence states kept (the server's saved conversation).
+    pub saved_states: usize,
+    /// Activations of one prefill chunk.
+    pub activation_bytes: u64,
+    /// Resident memory before the model loads (code, inventory, tokenizer), measured.
+    pub baseline: u64,
+    /// `--spine-resident-gb`: most bytes of layers to pin (None: what fits).
+    pub resident_cap: Option<u64>,
+}
+
+/// One consumer of the budget.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PlanLine {
+    /// What it is.
+    pub what: String,
+    /// Bytes charged.
+    pub bytes: u64,
+}
+
+/// The plan: the limit, the reserve, every charge, and the choices made from them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemoryPlan {
+    /// The memory limit in bytes.
+    pub limit: u64,
+    /// Where the limit came from (`MemAvailable`, `cgroup limit`, `MemTotal`, `--memory-gb`).
+    pub limit_source: String,
+    /// Bytes held back for the OS.
+    pub reserve: u64,
+    /// Every charge.
+    pub lines: Vec<PlanLine>,
+    /// Sum of the charges: what this process may hold at its peak.
+    pub total: u64,
+    /// Which layers are pinned.
+    #[serde(skip)]
+    pub pinned: Vec<bool>,
+    /// Context limit in tokens.
+    pub context: usize,
+    /// Expert RAM tier in bytes.
+    pub expert_ram: u64,
+    /// Prefetch holdings cap in bytes (0: prefetch off).
+    pub prefetch_cap: u64,
+}
+
+/// Share of the budget the sequence states may take when the plan picks the context.
+const STATE_SHARE: u64 = 10;
+/// Smallest context the plan picks on its own.
+const MIN_AUTO_CONTEXT: usize = 4096;
+/// Experts the prefetch may hold at most (four layers' worth of a K3 token).
+const PREFETCH_EXPERTS: u64 = 64;
+
+fn gb(b: u64) -> f64 {
+    b as f64 / GB as f64
+}
+
+impl MemoryPlan {
+    /// Computes the plan; an error names what does not fit and the flags that change it.
+    pub fn new(i: &PlanInputs) -> Result<MemoryPlan> {
+        let (limit, source) = match i.limit_override {
+            Some(b) => (b, "--memory-gb"),
+            None => i.memory.limit(),
+        };
+        let reserve = reserve(limit);
+        let budget = limit.saturating_sub(reserve);
+        let copies = if i.device_copies { 2 } else { 1 };
+        let mut lines = vec![
+            ("process baseline (code, inventory, tokenizer)".to_string(), i.baseline),
+            ("small tensors (norms, conv, gates)".into(), i.small_bytes),
+            ("lm_head and tail".into(), i.global_bytes * copies),
+            ("prefill activations (one chunk)".into(), i.activation_bytes),
+            (
+                format!("expert reads in flight ({} experts)", i.expert_batch),
+                i.expert_batch as u64 * i.expert_bytes,
+            ),
+            (
+                format!("reader pool idle buffers ({})", i.pool_buffers),
+                i.pool_buffers as u64 * i.expert_bytes,
+            ),
+        ];
+        let states = 1 + i.saved_states as u64;
+        let state_at = |ctx: usize| states * (i.state_fixed + ctx as u64 * i.state_per_position);
+        let context = match i.context {
+            Some(c) if c > i.max_context => {
+                return Err(Error::Msg(format!(
+                    "--context {c} is over the model's max_position_embeddings ({})",
+                    i.max_context
+                )))
+            }
+            Some(c) => c.max(1),
+            None => {
+                let share = budget / STATE_SHARE;
+                let mut c = MIN_AUTO_CONTEXT.min(i.max_context).max(1);
+                while c * 2 <= i.max_context && state_at(c * 2) <= share {
+                    c *= 2;
+                }
+                c
+            }
+        };
+        lines.push((
+            format!(
+                "sequence state at {context} tokens{}",
+                if i.saved_states > 0 {
+                    format!(" (+{} saved)", i.saved_states)
+                } else {
+                    String::new()
+                }
+            ),
+            state_at(context),
+        ));
+        let fixed: u64 = lines.iter().map(|l| l.1).sum();
+        let max_layer = i.layer_bytes.iter().copied().max().unwrap_or(0);
+        let depth = i.in_flight.max(1) as u64;
+        let floor = fixed + depth * max_layer;
+        if floor > budget {
+            let mut big = lines.clone();
+            big.push(("streamed layers in flight".into(), depth * max_layer));
+            big.sort_by(|a, b| b.1.cmp(&a.1));
+            let top: Vec<String> = big
+                .iter()
+                .take(3)
+                .map(|(w, b)| format!("{w} {:.2} GB", gb(*b)))
+                .collect();
+            return Err(Error::Msg(format!(
+                "the model needs at least {:.2} GB with nothing pinned, but the memory budget is {:.2} GB ({:.2} GB {source} − {:.2} GB reserve); largest: {}. Lower --context, or raise --memory-gb if this machine has more",
+                gb(floor),
+                gb(budget),
+                gb(limit),
+                gb(reserve),
+                top.join(", ")
+            )));
+        }
+        let spare = budget - floor;
+        let expert_ram = match i.expert_ram {
+            Some(r) if r > spare => {
+                return Err(Error::Msg(format!(
+                    "--ram-gb {:.2} does not fit: {:.2} GB is left after the fixed costs (see the memory plan); lower --ram-gb",
+                    r as f64 / (1u64 << 30) as f64,
+                    gb(spare)
+                )))
+            }
+            Some(r) => r,
+            // A fifth of what is left, at most 4 GiB: the rest pins layers.
+            None => (spare / 5).min(4 << 30),
+        };
+        let prefetch_cap = if i.prefetch {
+            (PREFETCH_EXPERTS * i.expert_bytes).min((spare - expert_ram) / 10)
+        } else {
+            0
+        };
+        lines.push(("expert RAM tier".into(), expert_ram));
+        lines.push(("prefetch holdings (cap)".into(), prefetch_cap));
+        // Pin whole layers in order while the pinned bytes plus the in-flight template
+        // buffers (sized for the largest layer still streamed) fit.
+        let left = budget - fixed - expert_ram - prefetch_cap;
+        let cap = i.resident_cap.unwrap_or(u64::MAX);
+        let n = i.layer_bytes.len();
+        let mut pinned = vec![false; n];
+        let mut used = 0u64;
+        for l in 0..n {
+            let b = i.layer_bytes[l];
+            let rest_max = (0..n)
+                .filter(|&k| k != l && !pinned[k])
+                .map(|k| i.layer_bytes[k])
+                .max()
+                .unwrap_or(0);
+            if used + b <= cap && (used + b) * copies + depth * rest_max <= left {
+                pinned[l] = true;
+                used += b;
+            }
+        }
+        let streamed_max = (0..n)
+            .filter(|&k| !pinned[k])
+            .map(|k| i.layer_bytes[k])
+            .max()
+            .unwrap_or(0);
+        let count = pinned.iter().filter(|p| **p).count();
+        lines.push((format!("pinned spine layers ({count})"), used * copies));
+        lines.push((
+            format!("streamed layers in flight ({depth} × largest)"),
+            depth * streamed_max,
+        ));
+        let lines: Vec<PlanLine> = lines
+            .into_iter()
+            .map(|(what, bytes)| PlanLine { what, bytes })
+            .collect();
+        let total = lines.iter().map(|l| l.bytes).sum();
+        Ok(MemoryPlan {
+            limit,
+            limit_source: source.to_string(),
+            reserve,
+            lines,
+            total,
+            pinned,
+            context,
+            expert_ram,
+            prefetch_cap,
+        })
+    }
+
+    /// Layers pinned.
+    pub fn pinned_count(&self) -> usize {
+        self.pinned.iter().filter(|p| **p).count()
+    }
+}
+
+impl std::fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "memory plan: limit {:.2} GB ({}), OS reserve {:.2} GB, budget {:.2} GB",
+            gb(self.limit),
+            self.limit_source,
+            gb(self.reserve),
+            gb(self.limit - self.reserve)
+        )?;
+        for l in &self.lines {
+            writeln!(f, "  {:>9.3} GB  {}", gb(l.bytes), l.what)?;
+        }
+        write!(
+            f,
+            "  {:>9.3} GB  total charged; context limit {} tokens",
+            gb(self.total),
+            self.context
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

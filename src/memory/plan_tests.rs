@@ -1,0 +1,119 @@
+use super::*;
+
+/// K3's real spine: layer 0 (KDA + dense), KDA + MoE layers, MLA + MoE layers (spec §2.5).
+fn k3_layers() -> Vec<u64> {
+    (0..93)
+        .map(|l| match l {
+            0 => 2_341_213_184,
+            l if l % 4 == 3 || l == 92 => 844_335_616,
+            _ => 1_267_744_256,
+        })
+        .collect()
+}
+
+fn k3(limit: Option<u64>) -> PlanInputs {
+    PlanInputs {
+        memory: Memory {
+            total: 24 * GB,
+            available: 23 * GB,
+            cgroup_limit: None,
+        },
+        limit_override: limit,
+        layer_bytes: k3_layers(),
+        global_bytes: 2_348_810_240,
+        small_bytes: 60_000_000,
+        device_copies: false,
+        in_flight: 2,
+        expert_bytes: 17_547_264,
+        expert_ram: None,
+        prefetch: true,
+        pool_buffers: 16,
+        expert_batch: 32,
+        state_fixed: 434_000_000,
+        state_per_position: 55_296,
+        context: None,
+        max_context: 1 << 20,
+        saved_states: 0,
+        activation_bytes: 200_000_000,
+        baseline: 300_000_000,
+        resident_cap: None,
+    }
+}
+
+#[test]
+fn every_consumer_fits_the_budget() {
+    // 10 GB cannot hold lm_head and two layer-0 templates: a clear error, not an OOM.
+    let e = MemoryPlan::new(&k3(Some(10 * GB))).unwrap_err().to_string();
+    assert!(e.contains("--context") && e.contains("in flight"), "{e}");
+    for gb_ in [12u64, 16, 23, 64, 512] {
+        let p = MemoryPlan::new(&k3(Some(gb_ * GB))).unwrap();
+        assert_eq!(p.total, p.lines.iter().map(|l| l.bytes).sum::<u64>());
+        assert!(p.total <= p.limit - p.reserve, "{gb_} GB: {p}");
+        // The in-flight line covers the largest streamed layer twice.
+        let streamed_max = (0..93)
+            .filter(|&l| !p.pinned[l])
+            .map(|l| k3_layers()[l])
+            .max()
+            .unwrap_or(0);
+        let inflight = p.lines.iter().find(|l| l.what.contains("in flight (2")).unwrap();
+        assert_eq!(inflight.bytes, 2 * streamed_max, "{p}");
+    }
+}
+
+#[test]
+fn a_smaller_machine_pins_fewer_layers() {
+    let big = MemoryPlan::new(&k3(None)).unwrap();
+    let small = MemoryPlan::new(&k3(Some(12 * GB))).unwrap();
+    assert_eq!(big.limit, 23 * GB);
+    assert_eq!(big.limit_source, "MemAvailable");
+    assert!(big.pinned_count() > small.pinned_count(), "{big}\n{small}");
+    // 512 GB pins the whole 108.8 GB of layers.
+    assert_eq!(MemoryPlan::new(&k3(Some(512 * GB))).unwrap().pinned_count(), 93);
+}
+
+#[test]
+fn context_is_picked_and_checked() {
+    let p = MemoryPlan::new(&k3(None)).unwrap();
+    assert!(p.context.is_power_of_two() && p.context >= 4096, "{}", p.context);
+    let state = p.lines.iter().find(|l| l.what.starts_with("sequence state")).unwrap();
+    assert!(state.bytes <= (p.limit - p.reserve) / 10);
+    let mut i = k3(None);
+    i.context = Some(2 << 20);
+    let e = MemoryPlan::new(&i).unwrap_err().to_string();
+    assert!(e.contains("max_position_embeddings"), "{e}");
+    // A context that cannot fit names the flag.
+    i.context = Some(1 << 20);
+    let e = MemoryPlan::new(&i).unwrap_err().to_string();
+    assert!(e.contains("--context"), "{e}");
+}
+
+#[test]
+fn saved_states_device_copies_and_caps_are_charged() {
+    let base = MemoryPlan::new(&k3(None)).unwrap();
+    let mut i = k3(None);
+    i.saved_states = 1;
+    i.context = Some(base.context);
+    let saved = MemoryPlan::new(&i).unwrap();
+    let st = |p: &MemoryPlan| {
+        p.lines
+            .iter()
+            .find(|l| l.what.starts_with("sequence state"))
+            .unwrap()
+            .bytes
+    };
+    assert_eq!(st(&saved), 2 * st(&base));
+    let mut i = k3(Some(64 * GB));
+    let host = MemoryPlan::new(&i).unwrap();
+    i.device_copies = true;
+    let dev = MemoryPlan::new(&i).unwrap();
+    assert!(dev.pinned_count() < host.pinned_count());
+    assert!(dev.total <= dev.limit - dev.reserve);
+    let mut i = k3(Some(64 * GB));
+    i.resident_cap = Some(0);
+    assert_eq!(MemoryPlan::new(&i).unwrap().pinned_count(), 0);
+    i.prefetch = false;
+    assert_eq!(MemoryPlan::new(&i).unwrap().prefetch_cap, 0);
+    i.expert_ram = Some(100 * GB);
+    let e = MemoryPlan::new(&i).unwrap_err().to_string();
+    assert!(e.contains("--ram-gb"), "{e}");
+}

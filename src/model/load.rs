@@ -1,0 +1,173 @@
+//! Loading a model under the memory plan: sizes every consumer from the config and the
+//! checkpoint, computes the `MemoryPlan`, and opens the spine and the expert store with the
+//! plan's choices (pinned layers, RAM tier, prefetch cap, context limit). Every entry point that
+//! runs the model (`run`, `serve`, `bench`, `K3Model::from_dir`, the chat example) comes here.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle::Device;
+
+use super::K3Model;
+use crate::checkpoint::{ExpertIndex, Inventory};
+use crate::config::{AttnKind, K3Config};
+use crate::experts::{DiskCache, TieredOptions};
+use crate::memory::{rss, Memory, MemoryPlan, PlanInputs};
+use crate::spine::convert::{is_small, layer_names};
+use crate::spine::source::{Spine, SpineChoice, SpineOptions};
+use crate::Result;
+
+/// What the caller asks of the plan and the stores; `None` fields are the plan's to pick.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Memory limit in bytes (`--memory-gb`; default: the smallest of `MemAvailable`, the
+    /// cgroup limit and `MemTotal`).
+    pub memory_limit: Option<u64>,
+    /// Expert RAM tier in bytes (`--ram-gb`).
+    pub expert_ram: Option<u64>,
+    /// Context limit in tokens (`--context`).
+    pub context: Option<usize>,
+    /// Most bytes of spine layers to pin (`--spine-resident-gb`).
+    pub resident_cap: Option<u64>,
+    /// Extra sequence states the caller keeps (the server's saved conversation: 1).
+    pub saved_states: usize,
+    /// Spine format.
+    pub spine: SpineChoice,
+    /// Expert store settings; the plan sets the RAM tier and the prefetch cap.
+    pub store: TieredOptions,
+    /// Raw-span disk cache.
+    pub cache: Option<DiskCache>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            memory_limit: None,
+            expert_ram: None,
+            context: None,
+            resident_cap: None,
+            saved_states: 0,
+            spine: SpineChoice::Auto,
+            store: TieredOptions::default(),
+            cache: None,
+        }
+    }
+}
+
+/// Per-sequence bytes: `(fixed, per position)` (KDA conv + recurrent state; MLA latent cache).
+pub fn state_bytes(cfg: &K3Config) -> (u64, u64) {
+    let t = cfg.text();
+    let la = &t.linear_attn_config;
+    let p = (la.num_heads * la.head_dim) as u64;
+    let kda = (la.num_heads * la.head_dim * la.head_dim) as u64
+        + 3 * (la.short_conv_kernel_size.saturating_sub(1)) as u64 * p;
+    let (mut fixed, mut per_pos) = (0u64, 0u64);
+    for k in &cfg.schedule {
+        match k.attn {
+            AttnKind::Kda => fixed += 4 * kda,
+            AttnKind::Mla => per_pos += 4 * (t.kv_lora_rank + t.qk_rope_head_dim) as u64,
+        }
+    }
+    (fixed, per_pos)
+}
+
+/// Activations of one prefill chunk of `chunk` positions (f32), a generous upper estimate: the
+/// widest projections of each layer kind live at once, MLA's per-thread partial contexts, and
+/// the logits.
+pub fn activation_bytes(cfg: &K3Config, chunk: usize) -> u64 {
+    let t = cfg.text();
+    let la = &t.linear_attn_config;
+    let kw = la.num_heads * la.head_dim;
+    let nh = t.num_attention_heads;
+    let threads = rayon::current_num_threads().max(1);
+    let per_row = 24 * t.hidden_size
+        + 12 * kw
+        + 3 * t.intermediate_size
+        + 4 * cfg.shared_width()
+        + 2 * nh * (t.qk_nope_head_dim + t.qk_rope_head_dim)
+        + nh * t.kv_lora_rank * (2 + threads)
+        + 2 * nh * t.v_head_dim
+        + 4 * t.routed_expert_hidden_size * t.num_experts_per_token;
+    4 * (chunk * per_row + 2 * t.vocab_size) as u64
+}
+
+/// The memory plan for the checkpoint `inv` of `cfg` in `dir` on `device`.
+pub fn plan_for(
+    dir: &Path,
+    cfg: &K3Config,
+    inv: &Arc<Inventory>,
+    device: &Device,
+    o: &LoadOptions,
+) -> Result<MemoryPlan> {
+    let n = cfg.num_layers();
+    let (layer_bytes, global_bytes) = Spine::sizes(dir, inv, n, o.spine)?;
+    let small_bytes: u64 = (0..n)
+        .flat_map(|l| layer_names(inv, l))
+        .filter_map(|name| inv.get(&name))
+        .filter(|t| is_small(&t.shape))
+        .map(|t| t.len() + 4 * t.shape.iter().product::<usize>() as u64)
+        .sum();
+    let (state_fixed, state_per_position) = state_bytes(cfg);
+    let defaults = super::ModelOptions::default();
+    MemoryPlan::new(&PlanInputs {
+        memory: Memory::read(),
+        limit_override: o.memory_limit,
+        layer_bytes,
+        global_bytes,
+        small_bytes,
+        device_copies: crate::gpu::SpineDevice::new(device)?.is_some(),
+        in_flight: SpineOptions::default().in_flight,
+        expert_bytes: cfg.expert_span_bytes() as u64,
+        expert_ram: o.expert_ram,
+        prefetch: o.store.prefetch_previous,
+        pool_buffers: o.store.pool_buffers,
+        expert_batch: defaults.expert_batch,
+        state_fixed,
+        state_per_position,
+        context: o.context,
+        max_context: cfg.text().max_position_embeddings.unwrap_or(usize::MAX),
+        saved_states: o.saved_states,
+        activation_bytes: activation_bytes(cfg, defaults.prefill_chunk),
+        baseline: rss().0,
+        resident_cap: o.resident_cap,
+    })
+}
+
+impl K3Model {
+    /// Loads a checkpoint directory under the memory plan (see `LoadOptions`).
+    pub fn open(dir: &Path, device: &Device, o: &LoadOptions) -> Result<Self> {
+        let cfg = K3Config::from_file(&dir.join("config.json"))?;
+        let inv = Arc::new(Inventory::from_dir(dir)?);
+        let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
+        let plan = plan_for(dir, &cfg, &inv, device, o)?;
+        tracing::info!("{plan}");
+        let spine = Arc::new(Spine::open(
+            dir,
+            inv.clone(),
+            cfg.num_layers(),
+            device,
+            &SpineOptions {
+                choice: o.spine,
+                pin: Some(plan.pinned.clone()),
+                ..Default::default()
+            },
+        )?);
+        let store = TieredOptions {
+            ram_budget: plan.expert_ram as usize,
+            prefetch_cap: plan.prefetch_cap,
+            prefetch_previous: o.store.prefetch_previous && plan.prefetch_cap > 0,
+            ..o.store.clone()
+        };
+        let experts = Arc::new(crate::install::expert_store(
+            dir,
+            inv,
+            index,
+            &store,
+            o.cache.clone(),
+        )?);
+        let mut model = Self::load(cfg, spine, experts)?;
+        model.context_limit = plan.context;
+        model.plan = Some(plan);
+        Ok(model)
+    }
+}
