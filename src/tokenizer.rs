@@ -73,25 +73,58 @@ pub fn parse_ranks(text: &str, label: &str) -> Result<Vec<Vec<u8>>> {
 }
 
 /// tiktoken's merge rule: repeatedly merge the adjacent pair whose merged bytes have the lowest
-/// rank (leftmost on ties); returns the part boundaries.
+/// rank (leftmost on ties); returns the part boundaries. The candidate pairs sit in a min-heap
+/// keyed by `(rank, start)` with stale entries skipped, so a piece of n bytes costs O(n log n)
+/// rather than a rescan of every pair per merge.
 fn byte_pair_merge(ranks: &HashMap<Vec<u8>, u32>, piece: &[u8]) -> Vec<usize> {
-    let mut bounds: Vec<usize> = (0..=piece.len()).collect();
-    loop {
-        let mut best: Option<(u32, usize)> = None;
-        for i in 0..bounds.len().saturating_sub(2) {
-            if let Some(&r) = ranks.get(&piece[bounds[i]..bounds[i + 2]]) {
-                if best.is_none_or(|(br, _)| r < br) {
-                    best = Some((r, i));
-                }
-            }
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let n = piece.len();
+    if n < 2 {
+        return (0..=n).collect();
+    }
+    // Parts form a linked list over their start offsets: part `i` is `piece[i..next[i]]`.
+    let mut next: Vec<usize> = (1..=n).collect();
+    let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+    let mut alive = vec![true; n];
+    // Rank of the pair starting at part `i` (with the part after it), if it merges.
+    let pair_rank = |i: usize, next: &[usize]| -> Option<u32> {
+        let j = next[i];
+        (j < n)
+            .then(|| ranks.get(&piece[i..next[j]]).copied())
+            .flatten()
+    };
+    let mut rank: Vec<Option<u32>> = (0..n).map(|i| pair_rank(i, &next)).collect();
+    let mut heap: BinaryHeap<Reverse<(u32, usize)>> = rank
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.map(|r| Reverse((r, i))))
+        .collect();
+    while let Some(Reverse((r, i))) = heap.pop() {
+        if !alive[i] || rank[i] != Some(r) {
+            continue; // stale
         }
-        match best {
-            Some((_, i)) => {
-                bounds.remove(i + 1);
+        let j = next[i];
+        alive[j] = false;
+        next[i] = next[j];
+        if next[j] < n {
+            prev[next[j]] = i;
+        }
+        rank[i] = pair_rank(i, &next);
+        if let Some(r) = rank[i] {
+            heap.push(Reverse((r, i)));
+        }
+        let p = prev[i];
+        if p < n {
+            rank[p] = pair_rank(p, &next);
+            if let Some(r) = rank[p] {
+                heap.push(Reverse((r, p)));
             }
-            None => return bounds,
         }
     }
+    let mut bounds: Vec<usize> = (0..n).filter(|&i| alive[i]).collect();
+    bounds.push(n);
+    bounds
 }
 
 impl Tokenizer {

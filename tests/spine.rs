@@ -58,7 +58,7 @@ fn resident_streamed_and_mixed_are_bit_identical() {
     let opts = |b: Option<u64>| SpineOptions {
         choice: SpineChoice::Bf16,
         resident_bytes: b,
-        in_flight: 2,
+        ..Default::default()
     };
     let all = model(d.path(), &opts(None));
     assert_eq!(all.spine().report().layers_streamed, 0);
@@ -71,6 +71,15 @@ fn resident_streamed_and_mixed_are_bit_identical() {
     let r = mixed.spine().report();
     assert!(r.layers_pinned > 0 && r.layers_streamed > 0, "{r:?}");
     assert_eq!(bits(&run(&mixed)), want, "half streamed");
+    // An explicit pin list (the memory plan's form), not a prefix: every other layer.
+    let n = all.config().num_layers();
+    let alternate = SpineOptions {
+        pin: Some((0..n).map(|l| l % 2 == 1).collect()),
+        ..opts(None)
+    };
+    let alt = model(d.path(), &alternate);
+    assert_eq!(alt.spine().report().layers_pinned, n / 2);
+    assert_eq!(bits(&run(&alt)), want, "every other layer pinned");
     // The BF16 store (one read per layer) holds the same bytes as the shards.
     convert_spine(
         &Inventory::from_dir(d.path()).unwrap(),
@@ -87,6 +96,7 @@ fn resident_streamed_and_mixed_are_bit_identical() {
         choice: SpineChoice::Bf16,
         resident_bytes: Some(0),
         in_flight: 4,
+        ..Default::default()
     };
     assert_eq!(
         bits(&run(&model(d.path(), &deep))),

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::checkpoint::{ExpertIndex, Inventory};
-use crate::mxfp4::Kernel;
 use crate::memory::{reserve, Memory};
+use crate::mxfp4::Kernel;
 use crate::spine::convert::{store_dir, SpineFormat};
 use crate::K3Config;
 

@@ -108,7 +108,10 @@ impl MemoryPlan {
         let budget = limit.saturating_sub(reserve);
         let copies = if i.device_copies { 2 } else { 1 };
         let mut lines = vec![
-            ("process baseline (code, inventory, tokenizer)".to_string(), i.baseline),
+            (
+                "process baseline (code, inventory, tokenizer)".to_string(),
+                i.baseline,
+            ),
             ("small tensors (norms, conv, gates)".into(), i.small_bytes),
             ("lm_head and tail".into(), i.global_bytes * copies),
             ("prefill activations (one chunk)".into(), i.activation_bytes),

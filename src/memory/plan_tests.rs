@@ -55,7 +55,11 @@ fn every_consumer_fits_the_budget() {
             .map(|l| k3_layers()[l])
             .max()
             .unwrap_or(0);
-        let inflight = p.lines.iter().find(|l| l.what.contains("in flight (2")).unwrap();
+        let inflight = p
+            .lines
+            .iter()
+            .find(|l| l.what.contains("in flight (2"))
+            .unwrap();
         assert_eq!(inflight.bytes, 2 * streamed_max, "{p}");
     }
 }
@@ -68,14 +72,25 @@ fn a_smaller_machine_pins_fewer_layers() {
     assert_eq!(big.limit_source, "MemAvailable");
     assert!(big.pinned_count() > small.pinned_count(), "{big}\n{small}");
     // 512 GB pins the whole 108.8 GB of layers.
-    assert_eq!(MemoryPlan::new(&k3(Some(512 * GB))).unwrap().pinned_count(), 93);
+    assert_eq!(
+        MemoryPlan::new(&k3(Some(512 * GB))).unwrap().pinned_count(),
+        93
+    );
 }
 
 #[test]
 fn context_is_picked_and_checked() {
     let p = MemoryPlan::new(&k3(None)).unwrap();
-    assert!(p.context.is_power_of_two() && p.context >= 4096, "{}", p.context);
-    let state = p.lines.iter().find(|l| l.what.starts_with("sequence state")).unwrap();
+    assert!(
+        p.context.is_power_of_two() && p.context >= 4096,
+        "{}",
+        p.context
+    );
+    let state = p
+        .lines
+        .iter()
+        .find(|l| l.what.starts_with("sequence state"))
+        .unwrap();
     assert!(state.bytes <= (p.limit - p.reserve) / 10);
     let mut i = k3(None);
     i.context = Some(2 << 20);

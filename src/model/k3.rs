@@ -200,7 +200,11 @@ impl K3Model {
 
     /// Sets the context limit (at most the config's `max_position_embeddings`).
     pub fn set_context_limit(&mut self, n: usize) {
-        let max = self.cfg.text().max_position_embeddings.unwrap_or(usize::MAX);
+        let max = self
+            .cfg
+            .text()
+            .max_position_embeddings
+            .unwrap_or(usize::MAX);
         self.context_limit = n.min(max);
     }
 

@@ -166,7 +166,10 @@ impl Mla {
         let o = match mode {
             MlaMode::Compact => {
                 // q_lat = q_nope · W_k: [nh, T, kv_lora]; each query row is [q_lat | q_pe].
-                let q_lat = self.absorb_query(&q_nope, &kv_b)?.flatten_all()?.to_vec1::<f32>()?;
+                let q_lat = self
+                    .absorb_query(&q_nope, &kv_b)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
                 let q_pe = q_pe.flatten_all()?.to_vec1::<f32>()?;
                 let q: Vec<f32> = q_lat
                     .chunks_exact(kl)

@@ -251,7 +251,11 @@ pub fn attend(
         acc.merge(p, out);
     }
     for r in 0..n_rows {
-        let inv = if acc.sum[r] > 0.0 { 1.0 / acc.sum[r] } else { 0.0 };
+        let inv = if acc.sum[r] > 0.0 {
+            1.0 / acc.sum[r]
+        } else {
+            0.0
+        };
         acc.acc[r * out..(r + 1) * out]
             .iter_mut()
             .for_each(|a| *a *= inv);

@@ -1,12 +1,15 @@
 //! An OpenAI-compatible server (axum): `/v1/models`, `/v1/chat/completions`,
 //! `/v1/completions`, streaming or not. One generation runs at a time; a bounded FIFO queue
-//! holds the next ones (429 with `Retry-After` when full). A client that goes away cancels its
-//! generation at the next token.
+//! holds the next ones (429 with `Retry-After` when full). A place is reserved before the
+//! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
+//! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
+//! token.
 
+mod queue;
 pub mod validate;
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,13 +21,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
-use crate::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort};
-use crate::generate::sample::Sampler;
-use crate::generate::StopReason;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
-use crate::{GenerateOptions, Generator, K3Model};
+use crate::chat::{encode_segments, render, ChatOptions, Delta, Effort};
+use crate::tokenizer::Tokenizer;
+use crate::K3Model;
+use queue::{reserve, start, Ev};
 use validate::{ApiError, Sampling};
 
 /// Server settings.
@@ -125,85 +127,6 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [{"id": st.cfg.model_id, "object": "model", "created": 0, "owned_by": "deltafin"}]})).into_response()
 }
 
-/// A place in line: the slot now, or a reserved place in the queue.
-enum Ticket {
-    Now(OwnedSemaphorePermit),
-    Queued(Waiting),
-}
-
-/// Decrements the waiting count when a queued request leaves, however it leaves.
-struct Waiting(Arc<AppState>);
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Takes the slot or a queue place at once; 429 when the queue is full.
-fn reserve(st: &Arc<AppState>) -> Result<Ticket, ApiError> {
-    if let Ok(p) = st.slot.clone().try_acquire_owned() {
-        return Ok(Ticket::Now(p));
-    }
-    if st.waiting.fetch_add(1, Ordering::SeqCst) >= st.cfg.queue {
-        st.waiting.fetch_sub(1, Ordering::SeqCst);
-        return Err(ApiError {
-            status: 429,
-            message: "the server is busy and its queue is full; retry later".into(),
-            param: None,
-            kind: "rate_limit_error",
-        });
-    }
-    Ok(Ticket::Queued(Waiting(st.clone())))
-}
-
-/// Waits in line (FIFO: tokio's semaphore is fair) for the slot.
-async fn redeem(st: &AppState, t: Ticket) -> Result<OwnedSemaphorePermit, ApiError> {
-    match t {
-        Ticket::Now(p) => Ok(p),
-        Ticket::Queued(_w) => st.slot.clone().acquire_owned().await.map_err(|_| ApiError {
-            status: 503,
-            message: "server shutting down".into(),
-            param: None,
-            kind: "server_error",
-        }),
-    }
-}
-
-/// Waits for the slot, then generates; events flow as soon as they exist, so a streaming
-/// response (and its keep-alives) starts while the request is still queued. If the receiver
-/// goes away, waiting stops or the generation is cancelled at the next token.
-fn start(
-    st: Arc<AppState>,
-    ticket: Ticket,
-    ids: Vec<u32>,
-    max_new: usize,
-    s: Sampling,
-    chat: Option<bool>,
-) -> mpsc::UnboundedReceiver<Ev> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let permit = tokio::select! {
-            p = redeem(&st, ticket) => p,
-            _ = tx.closed() => return,
-        };
-        let permit = match permit {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = tx.send(Ev::Failed(e.message));
-                return;
-            }
-        };
-        let mut inner = spawn_generation(st, permit, ids, max_new, s, chat);
-        while let Some(ev) = inner.recv().await {
-            if tx.send(ev).is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
-
 fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     match v.get("model").and_then(|m| m.as_str()) {
@@ -218,115 +141,6 @@ fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
         }),
         _ => Ok(()),
     }
-}
-
-enum Ev {
-    Delta(Delta),
-    Done {
-        finish: &'static str,
-        prompt: usize,
-        completion: usize,
-        cached: usize,
-    },
-    Failed(String),
-}
-
-fn seed_of(s: &Sampling) -> u64 {
-    s.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    })
-}
-
-/// Runs one generation on a blocking thread, sending deltas; stops when the receiver is gone.
-fn spawn_generation(
-    st: Arc<AppState>,
-    permit: OwnedSemaphorePermit,
-    ids: Vec<u32>,
-    max_new: usize,
-    s: Sampling,
-    chat: Option<bool>,
-) -> mpsc::UnboundedReceiver<Ev> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let cancel = AtomicBool::new(false);
-        let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
-        let mut dec = StreamDecoder::new();
-        let mut split = ChatSplitter::new(chat.unwrap_or(false));
-        let opts = GenerateOptions {
-            max_new,
-            stop_ids: vec![st.model.config().eos_token_id],
-        };
-        let send = |d: Vec<Delta>, cancel: &AtomicBool| {
-            for x in d {
-                if tx.send(Ev::Delta(x)).is_err() {
-                    cancel.store(true, Ordering::SeqCst);
-                }
-            }
-        };
-        // Conversation reuse: continue from the last chat's state when this prompt extends it.
-        let (mut state, start) = match (chat, st.last.lock().ok().and_then(|l| l.clone())) {
-            (Some(_), Some((seq, snap))) if ids.len() > seq.len() && ids.starts_with(&seq) => {
-                (snap, seq.len())
-            }
-            _ => (st.model.new_state(), 0),
-        };
-        let res = Generator::new(&st.model).generate_with(
-            &mut state,
-            &ids[start..],
-            &opts,
-            &cancel,
-            &mut |l: &[f32]| sampler.choose(l),
-            |id| {
-                let text = dec.push(&st.tok, id);
-                match chat {
-                    Some(_) => send(split.push(&text), &cancel),
-                    None => send(vec![Delta::Content(text)], &cancel),
-                }
-            },
-        );
-        match res {
-            Ok(g) => {
-                let rest = dec.finish();
-                match chat {
-                    Some(_) => {
-                        let mut d = split.push(&rest);
-                        d.extend(split.finish());
-                        send(d, &cancel);
-                    }
-                    None => send(vec![Delta::Content(rest)], &cancel),
-                }
-                let finish = if g.stop == StopReason::Stop {
-                    "stop"
-                } else {
-                    "length"
-                };
-                if chat.is_some() && g.stop != StopReason::Cancelled {
-                    // The state holds the prompt and every generated token but the last.
-                    let mut seq = ids.clone();
-                    seq.extend_from_slice(
-                        &g.generated_ids[..g.generated_ids.len().saturating_sub(1)],
-                    );
-                    if let Ok(mut l) = st.last.lock() {
-                        *l = Some((seq, state));
-                    }
-                }
-                let _ = tx.send(Ev::Done {
-                    finish,
-                    prompt: ids.len(),
-                    completion: g.generated_ids.len(),
-                    cached: start,
-                });
-            }
-            Err(e) => {
-                let _ = tx.send(Ev::Failed(e.to_string()));
-            }
-        }
-    });
-    rx
 }
 
 fn usage(p: usize, c: usize, cached: usize) -> Value {
@@ -461,11 +275,12 @@ struct Launched {
     include_usage: bool,
 }
 
-/// Reserves a place (429 when the queue is full) and starts the generation.
-fn launch(
+/// Reserves a place (429 when the queue is full), tokenizes on a blocking thread, checks the
+/// context limit (400 naming it) and starts the generation.
+async fn launch(
     st: &Arc<AppState>,
     prefix: &str,
-    ids: Vec<u32>,
+    (param, tokenize): (&str, Box<dyn FnOnce(&Tokenizer) -> Vec<u32> + Send>),
     default_max: usize,
     s: Sampling,
     chat: Option<bool>,
@@ -473,6 +288,25 @@ fn launch(
     // The request's max_tokens (else the endpoint's default), never above the server ceiling.
     let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
     let ticket = reserve(st)?;
+    let tok = st.tok.clone();
+    let ids = tokio::task::spawn_blocking(move || tokenize(&tok))
+        .await
+        .map_err(|e| ApiError {
+            status: 500,
+            message: format!("tokenizing failed: {e}"),
+            param: None,
+            kind: "server_error",
+        })?;
+    let limit = st.model.context_limit();
+    if ids.len() >= limit {
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "the prompt is {} tokens; this server's context limit is {limit} tokens (prompt and reply together)",
+                ids.len()
+            ),
+        ));
+    }
     let (stream, include_usage) = (s.stream, s.include_usage);
     Ok(Launched {
         rx: start(st.clone(), ticket, ids, max_new, s, chat),
@@ -508,7 +342,7 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(s) => s,
         Err(e) => return error(ApiError::bad("messages", e.to_string())),
     };
-    let ids = encode_segments(&st.tok, &segs);
+    let tokenize = Box::new(move |t: &Tokenizer| encode_segments(t, &segs));
     let Launched {
         rx,
         id,
@@ -519,11 +353,13 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     } = match launch(
         &st,
         "chatcmpl",
-        ids,
+        ("messages", tokenize),
         st.cfg.max_tokens,
         req.sampling,
         Some(req.thinking),
-    ) {
+    )
+    .await
+    {
         Ok(l) => l,
         Err(e) => return error(e),
     };
@@ -560,7 +396,8 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return error(e),
     };
-    let ids = st.tok.encode_ordinary(&req.prompt);
+    let prompt = req.prompt.clone();
+    let tokenize = Box::new(move |t: &Tokenizer| t.encode_ordinary(&prompt));
     let Launched {
         rx,
         id,
@@ -571,11 +408,13 @@ async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     } = match launch(
         &st,
         "cmpl",
-        ids,
+        ("prompt", tokenize),
         st.cfg.completion_default,
         req.sampling,
         None,
-    ) {
+    )
+    .await
+    {
         Ok(l) => l,
         Err(e) => return error(e),
     };

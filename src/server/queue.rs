@@ -1,0 +1,215 @@
+//! The server's one generation slot and its FIFO queue, and the generation itself on a
+//! blocking thread: admission (429 when full), waiting that stops when the client leaves, and
+//! cancellation at the next prefill chunk or token once the client is gone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use super::validate::{ApiError, Sampling};
+use super::AppState;
+use crate::chat::{ChatSplitter, Delta};
+use crate::generate::sample::Sampler;
+use crate::generate::StopReason;
+use crate::tokenizer::StreamDecoder;
+use crate::{GenerateOptions, Generator};
+
+/// A place in line: the slot now, or a reserved place in the queue.
+pub(super) enum Ticket {
+    Now(OwnedSemaphorePermit),
+    Queued(Waiting),
+}
+
+/// Decrements the waiting count when a queued request leaves, however it leaves.
+pub(super) struct Waiting(Arc<AppState>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Takes the slot or a queue place at once; 429 when the queue is full.
+pub(super) fn reserve(st: &Arc<AppState>) -> Result<Ticket, ApiError> {
+    if let Ok(p) = st.slot.clone().try_acquire_owned() {
+        return Ok(Ticket::Now(p));
+    }
+    if st.waiting.fetch_add(1, Ordering::SeqCst) >= st.cfg.queue {
+        st.waiting.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError {
+            status: 429,
+            message: "the server is busy and its queue is full; retry later".into(),
+            param: None,
+            kind: "rate_limit_error",
+        });
+    }
+    Ok(Ticket::Queued(Waiting(st.clone())))
+}
+
+/// Waits in line (FIFO: tokio's semaphore is fair) for the slot.
+async fn redeem(st: &AppState, t: Ticket) -> Result<OwnedSemaphorePermit, ApiError> {
+    match t {
+        Ticket::Now(p) => Ok(p),
+        Ticket::Queued(_w) => st.slot.clone().acquire_owned().await.map_err(|_| ApiError {
+            status: 503,
+            message: "server shutting down".into(),
+            param: None,
+            kind: "server_error",
+        }),
+    }
+}
+
+/// Waits for the slot, then generates; events flow as soon as they exist, so a streaming
+/// response (and its keep-alives) starts while the request is still queued. If the receiver
+/// goes away, waiting stops or the generation is cancelled at the next token.
+pub(super) fn start(
+    st: Arc<AppState>,
+    ticket: Ticket,
+    ids: Vec<u32>,
+    max_new: usize,
+    s: Sampling,
+    chat: Option<bool>,
+) -> mpsc::UnboundedReceiver<Ev> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let permit = tokio::select! {
+            p = redeem(&st, ticket) => p,
+            _ = tx.closed() => return,
+        };
+        let permit = match permit {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = tx.send(Ev::Failed(e.message));
+                return;
+            }
+        };
+        let cancel = Arc::new(AtomicBool::new(false));
+        let mut inner = spawn_generation(st, permit, ids, max_new, s, chat, cancel.clone());
+        // The client leaving (the response dropped) cancels at once, even mid-prefill.
+        loop {
+            tokio::select! {
+                ev = inner.recv() => match ev {
+                    Some(ev) => {
+                        if tx.send(ev).is_err() {
+                            break;
+                        }
+                    }
+                    None => return,
+                },
+                _ = tx.closed() => break,
+            }
+        }
+        cancel.store(true, Ordering::SeqCst);
+    });
+    rx
+}
+
+pub(super) enum Ev {
+    Delta(Delta),
+    Done {
+        finish: &'static str,
+        prompt: usize,
+        completion: usize,
+        cached: usize,
+    },
+    Failed(String),
+}
+
+fn seed_of(s: &Sampling) -> u64 {
+    s.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    })
+}
+
+/// Runs one generation on a blocking thread, sending deltas; stops when the receiver is gone.
+fn spawn_generation(
+    st: Arc<AppState>,
+    permit: OwnedSemaphorePermit,
+    ids: Vec<u32>,
+    max_new: usize,
+    s: Sampling,
+    chat: Option<bool>,
+    cancel: Arc<AtomicBool>,
+) -> mpsc::UnboundedReceiver<Ev> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
+        let mut dec = StreamDecoder::new();
+        let mut split = ChatSplitter::new(chat.unwrap_or(false));
+        let opts = GenerateOptions {
+            max_new,
+            stop_ids: vec![st.model.config().eos_token_id],
+        };
+        let send = |d: Vec<Delta>, cancel: &AtomicBool| {
+            for x in d {
+                if tx.send(Ev::Delta(x)).is_err() {
+                    cancel.store(true, Ordering::SeqCst);
+                }
+            }
+        };
+        // Conversation reuse: continue from the last chat's state when this prompt extends it.
+        let (mut state, start) = match (chat, st.last.lock().ok().and_then(|l| l.clone())) {
+            (Some(_), Some((seq, snap))) if ids.len() > seq.len() && ids.starts_with(&seq) => {
+                (snap, seq.len())
+            }
+            _ => (st.model.new_state(), 0),
+        };
+        let res = Generator::new(&st.model).generate_with(
+            &mut state,
+            &ids[start..],
+            &opts,
+            &cancel,
+            &mut |l: &[f32]| sampler.choose(l),
+            |id| {
+                let text = dec.push(&st.tok, id);
+                match chat {
+                    Some(_) => send(split.push(&text), &cancel),
+                    None => send(vec![Delta::Content(text)], &cancel),
+                }
+            },
+        );
+        match res {
+            Ok(g) => {
+                let rest = dec.finish();
+                match chat {
+                    Some(_) => {
+                        let mut d = split.push(&rest);
+                        d.extend(split.finish());
+                        send(d, &cancel);
+                    }
+                    None => send(vec![Delta::Content(rest)], &cancel),
+                }
+                let finish = if g.stop == StopReason::Stop {
+                    "stop"
+                } else {
+                    "length"
+                };
+                if chat.is_some() && g.stop != StopReason::Cancelled {
+                    // The state holds the prompt and every generated token but the last.
+                    let mut seq = ids.clone();
+                    seq.extend_from_slice(
+                        &g.generated_ids[..g.generated_ids.len().saturating_sub(1)],
+                    );
+                    if let Ok(mut l) = st.last.lock() {
+                        *l = Some((seq, state));
+                    }
+                }
+                let _ = tx.send(Ev::Done {
+                    finish,
+                    prompt: ids.len(),
+                    completion: g.generated_ids.len(),
+                    cached: start,
+                });
+            }
+            Err(e) => {
+                let _ = tx.send(Ev::Failed(e.to_string()));
+            }
+        }
+    });
+    rx
+}
