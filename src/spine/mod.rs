@@ -1,12 +1,15 @@
 //! The spine: every dense tensor of the model. `source::Spine` hands the model each layer (from the
 //! converted store or the shards, pinned or streamed); `ShardSpine` reads raw tensors from shards.
 
+mod backing;
 pub mod convert;
 pub mod dense;
 #[cfg(target_arch = "x86_64")]
 mod dense_x86;
 pub mod layer;
 pub mod source;
+
+pub use backing::choose_pinned;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;

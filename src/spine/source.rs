@@ -4,15 +4,16 @@
 //! "template layers"), read ahead by a background thread while the previous layer computes.
 
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
 use candle::{Device, Tensor};
 
-use super::convert::{global_names, is_small, layer_names, store_dir, SpineFormat};
-use super::layer::{is_complete, parse_header, read_file, read_file_sized, Entry, LayerData};
-use super::{to_f32, ShardSpine};
+use super::backing::{choose_pinned, pack_from_shards, small_from_file, Backing, Inner};
+use super::convert::{global_names, is_small, layer_names, SpineFormat};
+use super::layer::{parse_header, read_file, Entry, LayerData};
+use super::to_f32;
 use crate::checkpoint::{Inventory, StDtype};
 use crate::experts::BufPool;
 use crate::{Error, Result};
@@ -52,95 +53,6 @@ impl Default for SpineOptions {
     }
 }
 
-enum Backing {
-    Shards(ShardSpine),
-    Files(PathBuf),
-}
-
-struct Inner {
-    backing: Backing,
-    inv: Arc<Inventory>,
-    format: SpineFormat,
-    pool: Arc<BufPool>,
-}
-
-impl Inner {
-    fn layer_path(&self, l: usize) -> PathBuf {
-        match &self.backing {
-            Backing::Files(d) => d.join(format!("layer-{l:03}.bin")),
-            Backing::Shards(_) => PathBuf::new(),
-        }
-    }
-
-    /// Layer `l` in a buffer from `pool` of at least `cap` bytes.
-    fn load(&self, l: usize, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
-        match &self.backing {
-            Backing::Files(_) => read_file_sized(&self.layer_path(l), pool, cap),
-            Backing::Shards(s) => pack_from_shards(
-                s,
-                &layer_names(&self.inv, l),
-                &self.inv.layer_name(l, ""),
-                |_| true,
-                pool,
-                cap,
-            ),
-        }
-    }
-}
-
-fn pack_from_shards(
-    s: &ShardSpine,
-    names: &[String],
-    strip: &str,
-    keep: impl Fn(&[usize]) -> bool,
-    pool: &Arc<BufPool>,
-    cap: usize,
-) -> Result<LayerData> {
-    let mut tensors = Vec::new();
-    let mut infos = Vec::new();
-    for full in names {
-        let t = s.info(full)?;
-        if keep(&t.shape) {
-            tensors.push((
-                full.strip_prefix(strip).unwrap_or(full).to_string(),
-                t.dtype,
-                t.shape.clone(),
-                t.len() as usize,
-            ));
-            infos.push(t);
-        }
-    }
-    LayerData::gather(&tensors, pool, cap, |i, dst| s.read_into(infos[i], dst))
-}
-
-/// Reads only the small tensors of a spine file (header, then one positioned read each).
-fn small_from_file(path: &Path) -> Result<LayerData> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
-    let mut head = vec![0u8; 16];
-    f.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, e))?;
-    let n = u64::from_le_bytes(
-        head[8..16]
-            .try_into()
-            .map_err(|_| Error::Msg("short header".into()))?,
-    ) as usize;
-    let mut full = vec![0u8; 16 + n];
-    f.read_exact_at(&mut full, 0)
-        .map_err(|e| Error::io(path, e))?;
-    let entries: Vec<Entry> = parse_header(&full, len, path)?;
-    let mut tensors = Vec::new();
-    for e in entries.iter().filter(|e| is_small(&e.shape)) {
-        let mut b = vec![0u8; e.len];
-        f.read_exact_at(&mut b, e.offset as u64)
-            .map_err(|e2| Error::io(path, e2))?;
-        let dtype =
-            StDtype::parse(&e.dtype).ok_or_else(|| Error::Msg(format!("bad dtype {}", e.dtype)))?;
-        tensors.push((e.name.clone(), dtype, e.shape.clone(), b));
-    }
-    Ok(LayerData::pack(tensors))
-}
-
 /// A layer's data for one pass: pinned (shared) or streamed (owned for this use).
 pub enum LayerRef {
     /// Resident for the whole run.
@@ -173,88 +85,7 @@ pub struct Spine {
     stream_cap: usize,
 }
 
-/// Which layers to pin: as many whole layers as fit in `budget`, in layer order.
-pub fn choose_pinned(layer_bytes: &[u64], budget: u64) -> Vec<bool> {
-    let mut used = 0u64;
-    layer_bytes
-        .iter()
-        .map(|&b| {
-            if used + b <= budget {
-                used += b;
-                true
-            } else {
-                false
-            }
-        })
-        .collect()
-}
-
 impl Spine {
-    /// Where the spine comes from (converted store or shards) for `choice`.
-    fn backing(
-        root: &Path,
-        inv: &Arc<Inventory>,
-        num_layers: usize,
-        choice: SpineChoice,
-    ) -> Result<(Backing, SpineFormat)> {
-        let complete = |f: SpineFormat| {
-            let d = store_dir(root, f);
-            (0..num_layers).all(|l| is_complete(&d.join(format!("layer-{l:03}.bin"))))
-                && is_complete(&d.join("global.bin"))
-                && is_complete(&d.join("embed.bin"))
-        };
-        Ok(match choice {
-            SpineChoice::Int8 if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
-            SpineChoice::Int8 => {
-                return Err(Error::Msg(format!(
-                    "no complete row-int8 spine in {}: run `deltafin convert-spine-int8 --model-root {}` first",
-                    store_dir(root, SpineFormat::Int8).display(),
-                    root.display()
-                )))
-            }
-            SpineChoice::Auto if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
-            _ if complete(SpineFormat::Bf16) => (Backing::Files(store_dir(root, SpineFormat::Bf16)), SpineFormat::Bf16),
-            _ => (Backing::Shards(ShardSpine::new(inv.clone())), SpineFormat::Bf16),
-        })
-    }
-
-    fn layer_sizes(backing: &Backing, inv: &Inventory, num_layers: usize) -> Vec<u64> {
-        (0..num_layers)
-            .map(|l| match backing {
-                Backing::Files(d) => std::fs::metadata(d.join(format!("layer-{l:03}.bin")))
-                    .map(|m| m.len())
-                    .unwrap_or(0),
-                Backing::Shards(_) => layer_names(inv, l)
-                    .iter()
-                    .filter_map(|n| inv.get(n))
-                    .map(|t| t.len())
-                    .sum(),
-            })
-            .collect()
-    }
-
-    /// What the memory plan needs before anything is read: each layer's bytes and the tail's
-    /// (lm_head included) for the spine `choice` would open.
-    pub fn sizes(
-        root: &Path,
-        inv: &Arc<Inventory>,
-        num_layers: usize,
-        choice: SpineChoice,
-    ) -> Result<(Vec<u64>, u64)> {
-        let (backing, _) = Self::backing(root, inv, num_layers, choice)?;
-        let global = match &backing {
-            Backing::Files(d) => std::fs::metadata(d.join("global.bin"))
-                .map(|m| m.len())
-                .unwrap_or(0),
-            Backing::Shards(_) => global_names(inv)
-                .iter()
-                .filter_map(|n| inv.get(n))
-                .map(|t| t.len())
-                .sum(),
-        };
-        Ok((Self::layer_sizes(&backing, inv, num_layers), global))
-    }
-
     /// Opens the spine of the model in `root` (whose shards `inv` describes).
     pub fn open(
         root: &Path,
