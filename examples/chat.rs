@@ -43,7 +43,8 @@ fn main() -> anyhow::Result<()> {
     let root = model_root(args.iter().find(|a| !a.starts_with("--")).cloned())?;
     // Metal when built with `--features metal` on a Mac, else the CPU.
     let device = deltafin::gpu::select(deltafin::gpu::DeviceChoice::Auto)?;
-    let model = K3Model::from_dir(&root, &device)?;
+    // Under the memory plan (printed first): what is pinned, the RAM tier, the context limit.
+    let model = K3Model::open_with(&root, &device, &Default::default(), |p| eprintln!("{p}"))?;
     let tok = Tokenizer::from_dir(&root)?;
     let cancel = Arc::new(AtomicBool::new(false));
     {

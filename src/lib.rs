@@ -44,7 +44,7 @@ pub mod tokenizer;
 pub use config::K3Config;
 pub use error::{Error, Result};
 pub use experts::ExpertProvider;
-pub use generate::{GenerateOptions, Generation, Generator};
+pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 pub use model::{K3Model, SeqState};
 pub use spine::source::Spine;
 

@@ -12,8 +12,15 @@ use deltafin::K3Model;
 use serde_json::{json, Value};
 
 fn start(cfg: ServerConfig) -> SocketAddr {
+    start_with(cfg, None)
+}
+
+fn start_with(cfg: ServerConfig, context: Option<usize>) -> SocketAddr {
     let dir = common::nano();
-    let model = K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
+    let mut model = K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
+    if let Some(c) = context {
+        model.set_context_limit(c);
+    }
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let state = AppState::new(model, tok, cfg);
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -379,4 +386,54 @@ fn queued_streams_get_keepalives_and_run_in_order() {
         (hb.join().unwrap(), hc.join().unwrap())
     });
     assert!(tb <= tc, "B (queued first) finished before C");
+}
+
+/// Large prompts are tokenized off the async runtime after a slot is reserved: while four 4 MiB
+/// prompts arrive at once (one tokenizes, the others get 429 at once), `/v1/models` keeps
+/// answering within 100 ms; the tokenized prompt is over the context limit and gets 400 naming it.
+#[test]
+fn large_prompts_do_not_block_and_over_context_is_400() {
+    let addr = start_with(ServerConfig::default(), Some(2048));
+    let word = "the quick brown fox jumps over the lazy dog ";
+    let prompt: String = word.repeat((4 << 20) / word.len());
+    let body = json!({"model": "deltafin-kimi-k3", "prompt": prompt, "max_tokens": 1}).to_string();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let big: Vec<_> = (0..4)
+        .map(|_| {
+            let (b, d) = (body.clone(), done.clone());
+            std::thread::spawn(move || {
+                let r = http(addr, "POST", "/v1/completions", &b);
+                d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                r
+            })
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    let mut probes = 0;
+    while done.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+        let t0 = Instant::now();
+        let (st, _, _) = http(addr, "GET", "/v1/models", "");
+        assert_eq!(st, 200);
+        worst = worst.max(t0.elapsed());
+        probes += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let results: Vec<(u16, String, String)> = big.into_iter().map(|h| h.join().unwrap()).collect();
+    eprintln!("{probes} probes, slowest {worst:?}");
+    assert!(
+        worst < Duration::from_millis(100),
+        "/v1/models took {worst:?}"
+    );
+    let statuses: Vec<u16> = results.iter().map(|r| r.0).collect();
+    assert!(statuses.contains(&400), "{statuses:?}");
+    for (st, _, b) in &results {
+        assert!(*st == 400 || *st == 429, "{st} {b}");
+        if *st == 400 {
+            assert!(b.contains("context limit is 2048"), "{b}");
+        }
+    }
+    // A prompt within the limit still runs.
+    let ok =
+        json!({"model": "deltafin-kimi-k3", "prompt": "the quick", "max_tokens": 2}).to_string();
+    assert_eq!(http(addr, "POST", "/v1/completions", &ok).0, 200);
 }

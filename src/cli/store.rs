@@ -112,10 +112,7 @@ impl StoreArgs {
 pub fn load_model(root: &Path, store: &StoreArgs, saved_states: usize) -> anyhow::Result<K3Model> {
     let opts = store.load_options(saved_states)?;
     let device = crate::gpu::select(store.device)?;
-    let model = K3Model::open(root, &device, &opts)?;
-    if let Some(p) = model.plan() {
-        eprintln!("{p}");
-    }
+    let model = K3Model::open_with(root, &device, &opts, |p| eprintln!("{p}"))?;
     let r = model.spine().report();
     let ram = model.plan().map(|p| p.expert_ram).unwrap_or(0);
     eprintln!(

@@ -136,11 +136,21 @@ pub fn plan_for(
 impl K3Model {
     /// Loads a checkpoint directory under the memory plan (see `LoadOptions`).
     pub fn open(dir: &Path, device: &Device, o: &LoadOptions) -> Result<Self> {
+        Self::open_with(dir, device, o, |p| tracing::info!("{p}"))
+    }
+
+    /// `open`, showing the plan to `report` before anything large is read.
+    pub fn open_with(
+        dir: &Path,
+        device: &Device,
+        o: &LoadOptions,
+        report: impl FnOnce(&MemoryPlan),
+    ) -> Result<Self> {
         let cfg = K3Config::from_file(&dir.join("config.json"))?;
         let inv = Arc::new(Inventory::from_dir(dir)?);
         let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
         let plan = plan_for(dir, &cfg, &inv, device, o)?;
-        tracing::info!("{plan}");
+        report(&plan);
         let spine = Arc::new(Spine::open(
             dir,
             inv.clone(),
