@@ -22,6 +22,7 @@
 
 #![recursion_limit = "256"]
 
+pub mod alloc_count;
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;

@@ -2,6 +2,7 @@
 
 pub mod dense;
 pub mod experts;
+pub mod forward;
 pub mod spine;
 
 use std::time::Instant;

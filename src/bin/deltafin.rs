@@ -2,6 +2,10 @@
 
 use clap::Parser;
 
+// Counts live bytes so `bench forward --context` can report what one step allocates.
+#[global_allocator]
+static ALLOC: deltafin::alloc_count::CountingAlloc = deltafin::alloc_count::CountingAlloc;
+
 fn main() -> anyhow::Result<()> {
     deltafin::init_threads();
     tracing_subscriber::fmt()

@@ -171,6 +171,14 @@ pub enum BenchKind {
         /// Compute device: auto, cpu or metal.
         #[arg(long, value_enum, default_value = "auto")]
         device: crate::gpu::DeviceChoice,
+        /// Instead: time one MLA layer's decode step with this many positions cached (and what
+        /// the step allocates), for each value, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        context: Vec<usize>,
+        /// Instead: per decode token, compute (attention, MoE), spine and expert wait, bytes
+        /// read, and the floor of the same work at the bandwidths measured in the same run.
+        #[arg(long)]
+        breakdown: bool,
     },
     /// Spine GEMV (row-int8 and BF16, one input row) on K3-size matrices vs the measured memory
     /// read bandwidth.
@@ -316,10 +324,34 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 decode,
                 runs,
                 device,
+                context,
+                breakdown,
             } => {
                 let device = crate::gpu::select(device)?;
                 println!("device={}", crate::gpu::describe(&device));
-                let mut model = crate::K3Model::from_dir(&model_root, &device)?;
+                let mut model =
+                    crate::K3Model::open_with(&model_root, &device, &Default::default(), |p| {
+                        eprintln!("{p}")
+                    })?;
+                if !context.is_empty() {
+                    let most = context.iter().max().copied().unwrap_or(0);
+                    model.set_context_limit(most + runs + 2);
+                    return crate::bench::forward::context_bench(&model, &context, runs, |l| {
+                        println!("{l}")
+                    })
+                    .map_err(Into::into);
+                }
+                if breakdown {
+                    return crate::bench::forward::breakdown_bench(
+                        &mut model,
+                        &model_root,
+                        prompt_len.max(1),
+                        decode,
+                        runs,
+                        |l| println!("{l}"),
+                    )
+                    .map_err(Into::into);
+                }
                 let opts = crate::bench::ForwardBenchOptions {
                     prompt_len: prompt_len.max(1),
                     decode,

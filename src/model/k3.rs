@@ -243,6 +243,28 @@ impl K3Model {
         }
     }
 
+    /// Layer `l`'s attention alone on the normalised input `x` `[T, H]`, with that layer's data
+    /// `ld` (`Spine::load_layer`): for benchmarks and tests of one layer at a chosen context.
+    pub fn attention(
+        &self,
+        l: usize,
+        x: &Tensor,
+        state: &mut SeqState,
+        ld: &crate::spine::layer::LayerData,
+    ) -> Result<Tensor> {
+        let layer = self
+            .layers
+            .get(l)
+            .ok_or_else(|| crate::Error::Msg(format!("no layer {l}")))?;
+        match (&layer.attn, &mut state.layers[l]) {
+            (Attn::Kda(k), LayerState::Kda(s)) => k.forward(x, s, self.options.kda, ld),
+            (Attn::Mla(m), LayerState::Mla(s)) => m.forward(x, s, self.options.mla, ld),
+            _ => Err(crate::Error::Msg(format!(
+                "layer {l}: state does not match the layer kind"
+            ))),
+        }
+    }
+
     /// Consumes `ids` (in chunks of `options.prefill_chunk`) and returns the logits `[V]` of the
     /// last position.
     pub fn forward(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
@@ -374,15 +396,7 @@ impl K3Model {
             };
             let x = rms_norm(&a_in, &layer.input_norm, eps)?;
             tm[4] += lap(&mut clock);
-            let o = match (&layer.attn, &mut state.layers[l]) {
-                (Attn::Kda(k), LayerState::Kda(s)) => k.forward(&x, s, self.options.kda, &ld)?,
-                (Attn::Mla(m), LayerState::Mla(s)) => m.forward(&x, s, self.options.mla, &ld)?,
-                _ => {
-                    return Err(crate::Error::Msg(format!(
-                        "layer {l}: state does not match the layer kind"
-                    )))
-                }
-            };
+            let o = self.attention(l, &x, state, &ld)?;
             if prof.is_some() {
                 // Candle ops may be queued on a GPU: time the work, not its submission.
                 o.device().synchronize()?;

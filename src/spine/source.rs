@@ -275,6 +275,18 @@ impl Spine {
         }
     }
 
+    /// Layer `l` alone, outside a pass (pinned: shared; streamed: read now into its own buffer).
+    pub fn load_layer(&self, l: usize) -> Result<LayerRef> {
+        if let Some(Some(p)) = self.pinned.get(l) {
+            return Ok(LayerRef::Pinned(p.clone()));
+        }
+        let mut d = self.inner.load(l, &BufPool::new(0), 0)?;
+        if let Some(g) = &self.gpu {
+            g.upload(&mut d)?;
+        }
+        Ok(LayerRef::Streamed(d))
+    }
+
     /// Starts a forward pass: streamed layers are read ahead in layer order.
     pub fn pass(&self) -> Pass<'_> {
         let streamed: Vec<usize> = (0..self.pinned.len())

@@ -1,0 +1,217 @@
+//! `bench forward --context N` (one MLA layer's decode step at a given context: time and the
+//! bytes it allocates) and `bench forward --breakdown` (per decode token at any shape: compute,
+//! spine and expert wait, bytes read, and the floor those bytes cost at the read and memory
+//! bandwidths measured in the same run).
+
+use std::path::Path;
+use std::time::Instant;
+
+use candle::Tensor;
+
+use super::{stream_read, Stats};
+use crate::config::AttnKind;
+use crate::model::state::LayerState;
+use crate::{Error, K3Model, Result};
+
+/// Times one MLA layer's decode step with `n` positions already cached, for each `n`.
+pub fn context_bench(
+    model: &K3Model,
+    contexts: &[usize],
+    runs: usize,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    let l = model
+        .config()
+        .schedule
+        .iter()
+        .position(|k| k.attn == AttnKind::Mla)
+        .ok_or_else(|| Error::Msg("the model has no MLA layer".into()))?;
+    let ld = model.spine().load_layer(l)?;
+    let h = model.config().text().hidden_size;
+    let mut rng = crate::checkpoint::rng::Rng::new(1);
+    let mut rand = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| (rng.uniform() as f32 * 2.0 - 1.0) * 0.5)
+            .collect()
+    };
+    let x = Tensor::from_vec(rand(h), (1, h), model.device())?;
+    let mut per_ctx = Vec::new();
+    for &n in contexts {
+        let mut st = model.new_state();
+        let LayerState::Mla(mla) = &mut st.layers[l] else {
+            return Err(Error::Msg(format!("layer {l} is not MLA")));
+        };
+        let width = mla.cache.width();
+        // Fill the cache in pieces (random latents: the cost does not depend on the values).
+        for _ in 0..n / 4096 {
+            mla.cache.append(&rand(4096 * width));
+        }
+        mla.cache.append(&rand((n % 4096) * width));
+        st.pos = n;
+        // Warm-up (the cache doubles its capacity once here), then timed steps.
+        model.attention(l, &x, &mut st, &ld)?;
+        let (mut ms, mut alloc) = (Vec::new(), Vec::new());
+        for _ in 0..runs.max(1) {
+            let base = crate::alloc_count::reset_peak();
+            let t0 = Instant::now();
+            model.attention(l, &x, &mut st, &ld)?;
+            ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            alloc.push((crate::alloc_count::peak() - base) as f64);
+        }
+        let (t, a) = (Stats::of(ms), Stats::of(alloc));
+        emit(
+            serde_json::json!({"figure": "mla_decode_step_ms", "layer": l, "context": n,
+            "median": t.median, "min": t.min, "max": t.max,
+            "alloc_peak_bytes": if crate::alloc_count::installed() { serde_json::json!(a.median) } else { serde_json::Value::Null }}),
+        );
+        per_ctx.push((n, t.median));
+    }
+    if let (Some(first), Some(last)) = (per_ctx.first(), per_ctx.last()) {
+        emit(
+            serde_json::json!({"figure": "mla_step_time_ratio", "from": first.0, "to": last.0,
+            "ratio": last.1 / first.1, "context_ratio": last.0 as f64 / first.0 as f64}),
+        );
+    }
+    Ok(())
+}
+
+/// Buffered read rate of `bytes` from the model's shards, the way the spine and experts are
+/// read (positioned reads into one reused buffer, 2 threads), after dropping the page cache.
+fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
+    let inv = crate::checkpoint::Inventory::from_dir(root)?;
+    let mut files: Vec<(std::path::PathBuf, u64)> = inv
+        .shards
+        .iter()
+        .map(|s| {
+            let p = root.join(&s.file);
+            let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+            (p, len)
+        })
+        .collect();
+    files.sort_by(|a, b| b.1.cmp(&a.1));
+    let (path, len) = files
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::Msg("no shards".into()))?;
+    let span = bytes.min(len);
+    let f = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+    crate::experts::disk::drop_from_page_cache(&f, 0, len, crate::experts::CacheAdvice::Auto);
+    let threads = 2u64;
+    let t0 = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| {
+                let (f, path) = (&f, &path);
+                s.spawn(move || -> Result<()> {
+                    use std::os::unix::fs::FileExt;
+                    let mut buf = vec![0u8; 64 << 20];
+                    let (a, b) = (span * k / threads, span * (k + 1) / threads);
+                    let mut off = a;
+                    while off < b {
+                        let n = ((b - off) as usize).min(buf.len());
+                        f.read_exact_at(&mut buf[..n], off)
+                            .map_err(|e| Error::io(path, e))?;
+                        off += n as u64;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| Error::Msg("reader panicked".into()))??;
+        }
+        Ok(())
+    })?;
+    let gbps = span as f64 / 1e9 / t0.elapsed().as_secs_f64();
+    crate::experts::disk::drop_from_page_cache(&f, 0, len, crate::experts::CacheAdvice::Auto);
+    Ok(gbps)
+}
+
+/// Per decode token: compute (attention, MoE), spine and expert wait, bytes read, and the
+/// floor of the same work from the bandwidths measured in this run.
+pub fn breakdown_bench(
+    model: &mut K3Model,
+    root: &Path,
+    prompt_len: usize,
+    decode: usize,
+    runs: usize,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    let words = vec![1u64; 1 << 27]; // 1 GiB, well above any L3
+    let _ = stream_read(&words);
+    let t0 = Instant::now();
+    std::hint::black_box(stream_read(std::hint::black_box(&words)));
+    let mem_gbps = (8u64 << 27) as f64 / 1e9 / t0.elapsed().as_secs_f64();
+    drop(words);
+    let read_gbps = shard_read_gbps(root, 4_000_000_000)?;
+    emit(
+        serde_json::json!({"figure": "bandwidth", "memory_read_gbps": mem_gbps, "shard_read_gbps": read_gbps}),
+    );
+    let profile = std::sync::Arc::new(crate::model::LayerProfile::new());
+    model.layer_profile = Some(profile.clone());
+    let r = model.spine().report();
+    let all_spine = r.resident_bytes + r.bytes_read_per_token;
+    let vocab = model.config().text().vocab_size as u32;
+    let prompt: Vec<u32> = (0..prompt_len as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
+    let fields = [
+        "attention_ms",
+        "moe_compute_ms",
+        "spine_wait_ms",
+        "expert_wait_ms",
+        "other_ms",
+        "total_ms",
+        "expert_bytes",
+        "floor_read_ms",
+        "floor_compute_ms",
+    ];
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); fields.len()];
+    for run in 0..runs.max(1) {
+        let mut st = model.new_state();
+        let mut logits = model.forward(&prompt, &mut st)?.to_vec1::<f32>()?;
+        profile.take();
+        for i in 0..decode {
+            let next = crate::generate::argmax(&logits);
+            let before = model.expert_stats().unwrap_or_default();
+            let t0 = Instant::now();
+            logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;
+            let total = t0.elapsed().as_secs_f64() * 1e3;
+            let d = model.expert_stats().unwrap_or_default().since(&before);
+            let layers = profile.take();
+            let sum = |f: fn(&crate::model::LayerTiming) -> f64| layers.iter().map(f).sum::<f64>();
+            let expert_bytes = (d.shard_bytes + d.disk_bytes + d.hub_bytes) as f64;
+            let read = r.bytes_read_per_token as f64 + expert_bytes;
+            let v = [
+                sum(|t| t.attn_ms),
+                sum(|t| t.ffn_ms - t.expert_wait_ms),
+                sum(|t| t.spine_wait_ms),
+                sum(|t| t.expert_wait_ms),
+                sum(|t| t.other_ms),
+                total,
+                expert_bytes,
+                read / 1e9 / read_gbps * 1e3,
+                (all_spine as f64 + expert_bytes) / 1e9 / mem_gbps * 1e3,
+            ];
+            let mut line = serde_json::json!({"figure": "decode_token", "run": run, "token": i,
+                "spine_bytes_read": r.bytes_read_per_token});
+            for (k, x) in fields.iter().zip(v) {
+                line[*k] = serde_json::json!(x);
+            }
+            emit(line);
+            for (s, x) in samples.iter_mut().zip(v) {
+                s.push(x);
+            }
+        }
+    }
+    model.layer_profile = None;
+    let mut summary = serde_json::json!({"figure": "decode_token_summary", "tokens": samples[0].len(),
+        "spine_bytes_read": r.bytes_read_per_token, "memory_read_gbps": mem_gbps, "shard_read_gbps": read_gbps});
+    for (k, s) in fields.iter().zip(samples) {
+        let st = Stats::of(s);
+        summary[*k] = serde_json::json!({"median": st.median, "min": st.min, "max": st.max});
+    }
+    emit(summary);
+    Ok(())
+}
