@@ -88,7 +88,7 @@ fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
             (p, len)
         })
         .collect();
-    files.sort_by(|a, b| b.1.cmp(&a.1));
+    files.sort_by_key(|f| std::cmp::Reverse(f.1));
     let (path, len) = files
         .first()
         .cloned()

@@ -23,15 +23,7 @@ impl Memory {
     /// Reads `/proc/meminfo` and the cgroup (v2, then v1) limit; zeros when unknown.
     pub fn read() -> Memory {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let field = |k: &str| {
-            meminfo
-                .lines()
-                .find(|l| l.starts_with(k))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(|kb| kb * 1024)
-                .unwrap_or(0)
-        };
+        let field = |k: &str| kb_field(&meminfo, k);
         let read_u64 = |p: &str| {
             std::fs::read_to_string(p)
                 .ok()
@@ -75,16 +67,17 @@ impl Memory {
 /// This process's resident memory now (`VmRSS`) and at its peak (`VmHWM`), in bytes.
 pub fn rss() -> (u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |k: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(k))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (kb_field(&status, "VmRSS:"), kb_field(&status, "VmHWM:"))
+}
+
+/// The `key  N kB` line of a `/proc` file, in bytes (0 when absent).
+fn kb_field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
 }
 
 /// Physical memory on macOS (`sysctl hw.memsize`).

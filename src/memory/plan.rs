@@ -161,7 +161,7 @@ impl MemoryPlan {
         if floor > budget {
             let mut big = lines.clone();
             big.push(("streamed layers in flight".into(), depth * max_layer));
-            big.sort_by(|a, b| b.1.cmp(&a.1));
+            big.sort_by_key(|l| std::cmp::Reverse(l.1));
             let top: Vec<String> = big
                 .iter()
                 .take(3)

@@ -275,12 +275,15 @@ struct Launched {
     include_usage: bool,
 }
 
+/// Turns a request into prompt ids (run on a blocking thread).
+type Tokenize = Box<dyn FnOnce(&Tokenizer) -> Vec<u32> + Send>;
+
 /// Reserves a place (429 when the queue is full), tokenizes on a blocking thread, checks the
 /// context limit (400 naming it) and starts the generation.
 async fn launch(
     st: &Arc<AppState>,
     prefix: &str,
-    (param, tokenize): (&str, Box<dyn FnOnce(&Tokenizer) -> Vec<u32> + Send>),
+    (param, tokenize): (&str, Tokenize),
     default_max: usize,
     s: Sampling,
     chat: Option<bool>,

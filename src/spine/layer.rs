@@ -81,20 +81,7 @@ impl LayerData {
         cap: usize,
         mut read: impl FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<Self> {
-        let mut off = 0usize;
-        let mut entries = Vec::with_capacity(tensors.len());
-        for (name, dtype, shape, len) in tensors {
-            off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
-            entries.push(Entry {
-                name: name.clone(),
-                dtype: dtype.as_str().to_string(),
-                shape: shape.clone(),
-                offset: off,
-                len: *len,
-                checksum: 0,
-            });
-            off += len;
-        }
+        let (entries, off) = place(tensors.iter().map(|(n, d, s, len)| (n, *d, s, *len, 0)), 0);
         let mut buf = pool.take_sized(off, cap)?;
         for (i, e) in entries.iter().enumerate() {
             read(i, &mut buf[e.offset..e.offset + e.len])?;
@@ -216,19 +203,33 @@ impl LayerData {
 }
 
 fn layout(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)], start: usize) -> (Vec<Entry>, usize) {
+    place(
+        tensors
+            .iter()
+            .map(|(n, d, s, b)| (n, *d, s, b.len(), checksum(b))),
+        start,
+    )
+}
+
+/// Entries for `(name, dtype, shape, length, checksum)` placed from `start`, each 64-byte
+/// aligned; returns them and the end offset.
+fn place<'a>(
+    items: impl Iterator<Item = (&'a String, StDtype, &'a Vec<usize>, usize, u64)>,
+    start: usize,
+) -> (Vec<Entry>, usize) {
     let mut off = start;
-    let mut entries = Vec::with_capacity(tensors.len());
-    for (name, dtype, shape, b) in tensors {
+    let mut entries = Vec::new();
+    for (name, dtype, shape, len, sum) in items {
         off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
         entries.push(Entry {
             name: name.clone(),
             dtype: dtype.as_str().to_string(),
             shape: shape.clone(),
             offset: off,
-            len: b.len(),
-            checksum: checksum(b),
+            len,
+            checksum: sum,
         });
-        off += b.len();
+        off += len;
     }
     (entries, off)
 }
