@@ -60,7 +60,11 @@ fn long_prompt_prefills_in_chunks_and_cancels_within_a_chunk() {
     let lag = returned.saturating_duration_since(set_at);
     assert_eq!(g.stop, StopReason::Cancelled);
     assert!(g.generated_ids.is_empty());
-    assert!(st.pos < 4000 && st.pos.is_multiple_of(chunk), "pos {}", st.pos);
+    assert!(
+        st.pos < 4000 && st.pos.is_multiple_of(chunk),
+        "pos {}",
+        st.pos
+    );
     assert!(
         lag <= per_chunk * 2 + Duration::from_millis(50),
         "cancel took {lag:?}, one chunk takes {per_chunk:?}"
