@@ -13,6 +13,7 @@ pub mod disk;
 mod prefetch;
 pub mod ram;
 mod remote;
+mod stats;
 pub mod tiered;
 
 pub use buf::{BufPool, ExpertBuf};

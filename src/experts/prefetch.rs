@@ -67,8 +67,12 @@ impl Prefetcher {
         p.ready.clear();
         p.held -= dropped;
         let running = p.running.clone();
-        p.queue
-            .extend(hints.into_iter().filter(|k| !running.contains(k)));
+        let mut seen = std::collections::HashSet::new();
+        p.queue.extend(
+            hints
+                .into_iter()
+                .filter(|k| !running.contains(k) && seen.insert(*k)),
+        );
         self.changed.notify_all();
     }
 
@@ -139,6 +143,10 @@ fn worker(inner: &Arc<Inner>) {
                     return;
                 }
                 if let Some(&k) = p.queue.front() {
+                    if p.running.contains(&k) || p.ready.contains_key(&k) {
+                        p.queue.pop_front(); // already being read or read
+                        continue;
+                    }
                     let size = inner.span_len(k);
                     if p.held + size <= cap {
                         p.queue.pop_front();
@@ -155,7 +163,10 @@ fn worker(inner: &Arc<Inner>) {
                 p = q;
             }
         };
-        let res = inner.read_for_prefetch(k);
+        // A panicking read must still leave `running` and `held` (demand reads wait on them).
+        let res =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.read_for_prefetch(k)))
+                .unwrap_or_else(|_| Err(crate::Error::Msg("prefetch read panicked".into())));
         let Ok(mut p) = pf.state.lock() else { return };
         p.running.remove(&k);
         match res {

@@ -54,12 +54,14 @@ impl Inner {
                 _ => groups.push(vec![p]),
             }
         }
-        let results: Vec<Result<Fetched>> = self.pool.install(|| {
-            groups
-                .par_iter()
-                .map(|g| self.fetch_group(layer, g, hub, &inv.shards[g[0].1].file, disk))
-                .collect()
-        });
+        let one = |g: &Vec<Piece>| self.fetch_group(layer, g, hub, &inv.shards[g[0].1].file, disk);
+        // One group (a prefetch's single expert) runs on the calling thread, so a prefetch never
+        // occupies the demand readers' pool.
+        let results: Vec<Result<Fetched>> = if groups.len() == 1 {
+            groups.iter().map(one).collect()
+        } else {
+            self.pool.install(|| groups.par_iter().map(one).collect())
+        };
         let mut out = Vec::new();
         for r in results {
             out.extend(r?);

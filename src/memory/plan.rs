@@ -125,7 +125,12 @@ impl MemoryPlan {
             ),
         ];
         let states = 1 + i.saved_states as u64;
-        let state_at = |ctx: usize| states * (i.state_fixed + ctx as u64 * i.state_per_position);
+        let state_at = |ctx: usize| {
+            states.saturating_mul(
+                i.state_fixed
+                    .saturating_add((ctx as u64).saturating_mul(i.state_per_position)),
+            )
+        };
         let context = match i.context {
             Some(c) if c > i.max_context => {
                 return Err(Error::Msg(format!(
@@ -137,7 +142,8 @@ impl MemoryPlan {
             None => {
                 let share = budget / STATE_SHARE;
                 let mut c = MIN_AUTO_CONTEXT.min(i.max_context).max(1);
-                while c * 2 <= i.max_context && state_at(c * 2) <= share {
+                // Bounded: 2^30 positions is far past any model's window.
+                while c <= i.max_context / 2 && c < 1 << 30 && state_at(c * 2) <= share {
                     c *= 2;
                 }
                 c
@@ -154,13 +160,16 @@ impl MemoryPlan {
             ),
             state_at(context),
         ));
-        let fixed: u64 = lines.iter().map(|l| l.1).sum();
+        let fixed: u64 = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
         let max_layer = i.layer_bytes.iter().copied().max().unwrap_or(0);
         let depth = i.in_flight.max(1) as u64;
-        let floor = fixed + depth * max_layer;
+        let floor = fixed.saturating_add(depth * max_layer * copies);
         if floor > budget {
             let mut big = lines.clone();
-            big.push(("streamed layers in flight".into(), depth * max_layer));
+            big.push((
+                "streamed layers in flight".into(),
+                depth * max_layer * copies,
+            ));
             big.sort_by_key(|l| std::cmp::Reverse(l.1));
             let top: Vec<String> = big
                 .iter()
@@ -189,10 +198,11 @@ impl MemoryPlan {
             // A fifth of what is left, at most 4 GiB: the rest pins layers.
             None => (spare / 5).min(4 << 30),
         };
-        let prefetch_cap = if i.prefetch {
-            (PREFETCH_EXPERTS * i.expert_bytes).min((spare - expert_ram) / 10)
-        } else {
-            0
+        let prefetch_cap = match (PREFETCH_EXPERTS * i.expert_bytes).min((spare - expert_ram) / 10)
+        {
+            // A cap below one expert could never start a read: prefetch is off.
+            c if i.prefetch && c >= i.expert_bytes => c,
+            _ => 0,
         };
         lines.push(("expert RAM tier".into(), expert_ram));
         lines.push(("prefetch holdings (cap)".into(), prefetch_cap));
@@ -210,7 +220,10 @@ impl MemoryPlan {
                 .map(|k| i.layer_bytes[k])
                 .max()
                 .unwrap_or(0);
-            if used + b <= cap && (used + b) * copies + depth * rest_max <= left {
+            // On Metal a streamed layer also has a device template: in flight costs `copies` too,
+            // and `--spine-resident-gb` counts both copies of a pinned layer.
+            let total = (used + b) * copies;
+            if total <= cap && total + depth * rest_max * copies <= left {
                 pinned[l] = true;
                 used += b;
             }
@@ -224,7 +237,7 @@ impl MemoryPlan {
         lines.push((format!("pinned spine layers ({count})"), used * copies));
         lines.push((
             format!("streamed layers in flight ({depth} × largest)"),
-            depth * streamed_max,
+            depth * streamed_max * copies,
         ));
         let lines: Vec<PlanLine> = lines
             .into_iter()

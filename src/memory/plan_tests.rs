@@ -132,3 +132,24 @@ fn saved_states_device_copies_and_caps_are_charged() {
     let e = MemoryPlan::new(&i).unwrap_err().to_string();
     assert!(e.contains("--ram-gb"), "{e}");
 }
+
+#[test]
+fn degenerate_inputs_stay_bounded() {
+    // No MLA layer (nothing grows with the context) and no configured maximum: the picked
+    // context stays finite.
+    let mut i = k3(None);
+    i.state_per_position = 0;
+    i.max_context = usize::MAX;
+    let p = MemoryPlan::new(&i).unwrap();
+    assert!(p.context <= 1 << 30);
+    // A huge explicit context saturates instead of wrapping, and does not fit.
+    i.state_per_position = 55_296;
+    i.context = Some(usize::MAX / 2);
+    assert!(MemoryPlan::new(&i).is_err());
+    // A prefetch cap below one expert would never read: prefetch is off.
+    let mut i = k3(Some(12 * GB));
+    i.expert_bytes = 2 * GB;
+    i.expert_batch = 0;
+    i.pool_buffers = 0;
+    assert_eq!(MemoryPlan::new(&i).unwrap().prefetch_cap, 0);
+}

@@ -8,47 +8,19 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use super::attn_res::AttnRes;
-use super::kda::{Kda, KdaMode};
-use super::mla::{Mla, MlaMode};
+use super::kda::Kda;
+use super::mla::Mla;
 use super::moe::{Mlp, Moe, Route};
 use super::ops::rms_norm;
+use super::options::ModelOptions;
 use super::profile::{lap, LayerTiming};
 use super::state::{LayerState, SeqState};
 use super::weights::{dense, LayerWeights};
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, FfnKind, K3Config};
 use crate::experts::{DiskCache, ExpertProvider, TieredOptions};
-use crate::mxfp4::Kernel;
 use crate::spine::source::{Spine, SpineOptions};
 use crate::Result;
-
-/// Evaluation choices; every one has a reference the tests compare against.
-#[derive(Debug, Clone, Copy)]
-pub struct ModelOptions {
-    /// KDA recurrence form for multi-position calls.
-    pub kda: KdaMode,
-    /// MLA form.
-    pub mla: MlaMode,
-    /// MXFP4 kernel.
-    pub kernel: Kernel,
-    /// Longest run of positions per forward call (bounds prefill memory).
-    pub prefill_chunk: usize,
-    /// Most routed experts one MoE layer holds at once (a prefill chunk's selection is fetched
-    /// and run in groups of this many).
-    pub expert_batch: usize,
-}
-
-impl Default for ModelOptions {
-    fn default() -> Self {
-        ModelOptions {
-            kda: KdaMode::Recurrent,
-            mla: MlaMode::Compact,
-            kernel: Kernel::best(),
-            prefill_chunk: 64,
-            expert_batch: 32,
-        }
-    }
-}
 
 enum Attn {
     Kda(Kda),

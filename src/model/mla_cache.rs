@@ -236,20 +236,49 @@ pub fn attend(
     };
     let total = cache.len();
     let threads = rayon::current_num_threads().max(1);
-    let per = total.div_ceil(threads).div_ceil(BLOCK).max(1) * BLOCK;
-    let splits: Vec<(usize, usize)> = (0..total)
-        .step_by(per)
-        .map(|p0| (p0, (p0 + per).min(total)))
-        .collect();
     let rows = cache.rows();
-    let parts: Vec<Partial> = splits
-        .par_iter()
-        .map(|&(p0, p1)| span_best(q, rows, shape, p0, p1))
-        .collect();
-    let mut acc = Partial::new(n_rows, out);
-    for p in &parts {
-        acc.merge(p, out);
-    }
+    let mut acc = if total >= threads * BLOCK || n_rows < threads {
+        // Long context: split the positions; each split keeps partials for every row.
+        let per = total.div_ceil(threads).div_ceil(BLOCK).max(1) * BLOCK;
+        let splits: Vec<(usize, usize)> = (0..total)
+            .step_by(per)
+            .map(|p0| (p0, (p0 + per).min(total)))
+            .collect();
+        let parts: Vec<Partial> = splits
+            .par_iter()
+            .map(|&(p0, p1)| span_best(q, rows, shape, p0, p1))
+            .collect();
+        let mut acc = Partial::new(n_rows, out);
+        for p in &parts {
+            acc.merge(p, out);
+        }
+        acc
+    } else {
+        // Short context, many query rows (a prefill chunk): split the rows instead.
+        let per = n_rows.div_ceil(threads);
+        let parts: Vec<Partial> = (0..n_rows)
+            .step_by(per)
+            .collect::<Vec<_>>()
+            .par_iter()
+            .map(|&r0| {
+                let r1 = (r0 + per).min(n_rows);
+                let vis = move |r: usize| visible(r0 + r);
+                let sub = Shape {
+                    n_rows: r1 - r0,
+                    visible: &vis,
+                    ..shape
+                };
+                span_best(&q[r0 * width..r1 * width], rows, sub, 0, total)
+            })
+            .collect();
+        let mut acc = Partial::new(0, out);
+        for p in parts {
+            acc.max.extend(p.max);
+            acc.sum.extend(p.sum);
+            acc.acc.extend(p.acc);
+        }
+        acc
+    };
     for r in 0..n_rows {
         let inv = if acc.sum[r] > 0.0 {
             1.0 / acc.sum[r]
@@ -270,7 +299,12 @@ mod tests {
     /// The kernel against a plain two-pass softmax in f64, with a causal limit per row.
     #[test]
     fn attend_matches_plain_softmax() {
-        let (width, out, n_rows, total) = (24, 16, 6, 777);
+        check_attend(24, 16, 6, 777);
+        // Short context, many rows (a prefill chunk): the row-split path.
+        check_attend(24, 16, 40, 50);
+    }
+
+    fn check_attend(width: usize, out: usize, n_rows: usize, total: usize) {
         let mut rng = crate::checkpoint::rng::Rng::new(9);
         let mut f = || rng.uniform() as f32 * 2.0 - 1.0;
         let mut cache = LatentCache::new(width, total);
@@ -281,7 +315,7 @@ mod tests {
         }
         assert_eq!(cache.len(), total);
         let q: Vec<f32> = (0..n_rows * width).map(|_| f() * 3.0).collect();
-        let visible = |r: usize| total - 2 * r;
+        let visible = |r: usize| total - r % (total / 2);
         let got = attend(&cache, &q, out, 0.3, &visible);
         for r in 0..n_rows {
             let n = visible(r);

@@ -292,7 +292,9 @@ async fn launch(
     let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
     let ticket = reserve(st)?;
     let tok = st.tok.clone();
-    let ids = tokio::task::spawn_blocking(move || tokenize(&tok))
+    // The place is held by the tokenizing thread itself: a client that leaves cannot free it
+    // while its prompt is still being tokenized.
+    let (ids, ticket) = tokio::task::spawn_blocking(move || (tokenize(&tok), ticket))
         .await
         .map_err(|e| ApiError {
             status: 500,

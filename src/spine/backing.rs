@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::convert::{global_names, is_small, layer_names, store_dir, SpineFormat};
-use super::layer::{is_complete, parse_header, read_file_sized, Entry, LayerData};
+use super::layer::{is_complete, packed_len, parse_header, read_file_sized, Entry, LayerData};
 use super::source::{Spine, SpineChoice};
 use super::ShardSpine;
 use crate::checkpoint::{Inventory, StDtype};
@@ -154,11 +154,13 @@ impl Spine {
                 Backing::Files(d) => std::fs::metadata(d.join(format!("layer-{l:03}.bin")))
                     .map(|m| m.len())
                     .unwrap_or(0),
-                Backing::Shards(_) => layer_names(inv, l)
-                    .iter()
-                    .filter_map(|n| inv.get(n))
-                    .map(|t| t.len())
-                    .sum(),
+                // As `gather` packs them (64-byte aligned), so a template buffer fits any layer.
+                Backing::Shards(_) => packed_len(
+                    layer_names(inv, l)
+                        .iter()
+                        .filter_map(|n| inv.get(n))
+                        .map(|t| t.len() as usize),
+                ) as u64,
             })
             .collect()
     }

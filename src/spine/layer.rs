@@ -211,6 +211,14 @@ fn layout(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)], start: usize) -> (
     )
 }
 
+/// Bytes `LayerData::gather` needs for tensors of these lengths, in order (each 64-byte
+/// aligned).
+pub fn packed_len(lens: impl Iterator<Item = usize>) -> usize {
+    lens.fold(0, |off, len| {
+        off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN + len
+    })
+}
+
 /// Entries for `(name, dtype, shape, length, checksum)` placed from `start`, each 64-byte
 /// aligned; returns them and the end offset.
 fn place<'a>(
