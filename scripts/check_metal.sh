@@ -2,10 +2,15 @@
 # Type-checks and lints the Metal build (`--features metal`) for aarch64-apple-darwin on a
 # non-Apple machine: the Rust Metal glue cannot run here, but it is compiled against Candle's real
 # Metal API. C dependencies are stood in for by a compiler that writes empty objects (nothing is
-# linked by `cargo check`). Needs `rustup target add aarch64-apple-darwin`; skipped without it.
+# linked by `cargo check`). Needs `rustup target add aarch64-apple-darwin`; skipped without it,
+# unless DELTAFIN_REQUIRE_METAL=1 (as in .ci/run), which makes a missing target a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! rustup target list --installed 2>/dev/null | grep -q '^aarch64-apple-darwin$'; then
+    if [[ "${DELTAFIN_REQUIRE_METAL:-}" == 1 ]]; then
+        echo "check_metal: DELTAFIN_REQUIRE_METAL=1 but the aarch64-apple-darwin target is not installed" >&2
+        exit 1
+    fi
     echo "check_metal: aarch64-apple-darwin target not installed; skipped"
     exit 0
 fi

@@ -298,8 +298,10 @@ fn load_test_gives_answers_or_429() {
         "load test: {} requests, {ok} answered, {busy} x 429",
         results.len()
     );
-    assert_eq!(ok + busy, results.len(), "{results:?}");
-    assert!(ok > 0);
+    // 8 clients, each one request at a time: one runs and at most 7 wait in a queue of 8, so
+    // every request is answered (as README says), none refused.
+    assert_eq!(busy, 0, "{results:?}");
+    assert_eq!(ok, results.len(), "{results:?}");
     assert_eq!(
         http(addr, "GET", "/v1/models", "").0,
         200,

@@ -151,7 +151,7 @@ pub fn mxfp4_bench(
     let words: Vec<u64> = (0..total / 8).map(|i| i as u64).collect();
     let gb = total as f64 / 1e9;
     emit(
-        serde_json::json!({"bench": "mxfp4", "kernel": opts.kernel.name(), "experts": opts.experts,
+        serde_json::json!({"bench": "mxfp4", "kernel": opts.kernel.effective().name(), "requested_kernel": opts.kernel.name(), "experts": opts.experts,
         "working_set_gb": gb, "runs": opts.runs}),
     );
     let mut ratios = Vec::new();

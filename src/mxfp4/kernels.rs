@@ -64,6 +64,16 @@ impl Kernel {
         v
     }
 
+    /// The kernel that actually runs when `self` is asked for: itself when this CPU supports it,
+    /// else the scalar fallback the dispatch takes.
+    pub fn effective(self) -> Kernel {
+        if Kernel::available().contains(&self) {
+            self
+        } else {
+            Kernel::Scalar
+        }
+    }
+
     /// Short name.
     pub fn name(self) -> &'static str {
         match self {

@@ -180,3 +180,15 @@ fn expert_forward_matches_scalar_reference() {
     assert_eq!(a.len(), 2 * latent);
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
+
+#[test]
+fn effective_kernel_names_the_fallback() {
+    for k in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512, Kernel::Neon] {
+        let e = k.effective();
+        assert!(Kernel::available().contains(&e));
+        assert_eq!(e == k, Kernel::available().contains(&k), "{k:?} -> {e:?}");
+    }
+    // No x86 CPU has NEON: asking for it runs (and is reported as) scalar.
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(Kernel::Neon.effective(), Kernel::Scalar);
+}

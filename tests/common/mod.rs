@@ -21,6 +21,9 @@ pub fn nano() -> PathBuf {
 
 /// max |a − b| / max(1, max |b|).
 pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    // Empty or truncated outputs must not pass a comparison.
+    assert_eq!(a.len(), b.len(), "compared vectors differ in length");
+    assert!(!a.is_empty(), "compared vectors are empty");
     let scale = b.iter().fold(1f64, |m, x| m.max(x.abs()));
     a.iter()
         .zip(b)
