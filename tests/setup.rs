@@ -147,6 +147,8 @@ fn setup_plans_by_free_space_and_full_install_runs() {
     };
     let small = plan("1000");
     assert_eq!(small["mode"], "stream", "{small}");
+    // A dry run writes nothing under the model root (not even the metadata it read).
+    assert!(!root.exists(), "--dry-run created {}", root.display());
     let big = plan("100000000000");
     assert_eq!(big["mode"], "full", "{big}");
     assert!(big["full_bytes"].as_u64() > big["stream_bytes"].as_u64());

@@ -104,6 +104,23 @@ fn validation_names_field_and_rule() {
         |j| j["text_config"]["linear_attn_config"]["full_attn_layers"] = serde_json::json!([0]),
         "full_attn_layers",
     );
+    // Parsed fields whose other values the forward pass does not implement are refused.
+    expect_err(
+        |j| j["text_config"]["routed_scaling_factor"] = 2.5.into(),
+        "routed_scaling_factor",
+    );
+    expect_err(
+        |j| j["text_config"]["mla_use_nope"] = false.into(),
+        "mla_use_nope",
+    );
+    expect_err(
+        |j| j["text_config"]["mla_use_output_gate"] = false.into(),
+        "mla_use_output_gate",
+    );
+    expect_err(
+        |j| j["text_config"]["linear_attn_config"]["use_full_rank_gate"] = false.into(),
+        "use_full_rank_gate",
+    );
 }
 
 #[test]

@@ -62,6 +62,31 @@ impl K3Config {
             "text_config.first_k_dense_replace",
             || format!("{} exceeds num_hidden_layers {n}", t.first_k_dense_replace),
         )?;
+        // Fields the forward pass does not implement other values of: fail closed rather than
+        // compute a different function.
+        rule(
+            t.routed_scaling_factor == 1.0,
+            "text_config.routed_scaling_factor",
+            || {
+                format!(
+                    "{} is not supported: only 1.0 (K3's value; routed outputs are not scaled)",
+                    t.routed_scaling_factor
+                )
+            },
+        )?;
+        rule(t.mla_use_nope, "text_config.mla_use_nope", || {
+            "false is not supported: MLA here applies no rotary embedding (K3: true)".into()
+        })?;
+        rule(
+            t.mla_use_output_gate,
+            "text_config.mla_use_output_gate",
+            || "false is not supported: MLA here always applies its output gate (K3: true)".into(),
+        )?;
+        rule(
+            la.use_full_rank_gate,
+            "text_config.linear_attn_config.use_full_rank_gate",
+            || "false is not supported: KDA's g_proj is full rank here (K3: true)".into(),
+        )?;
         rule(
             t.num_key_value_heads == t.num_attention_heads,
             "text_config.num_key_value_heads",

@@ -2,7 +2,6 @@
 //! (finish a streaming install) and the `warm-cache` plan from router traces.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,6 +12,9 @@ use crate::experts::{CacheAdvice, DiskCache, TieredExperts, TieredOptions};
 use crate::hub::HubRepo;
 use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, TensorBytes};
 use crate::{Error, K3Config, Result};
+
+mod setup;
+pub use setup::setup;
 
 /// Where the install manifest lives.
 pub fn manifest_path(root: &Path) -> PathBuf {
@@ -123,183 +125,6 @@ impl TensorBytes for RemoteTensors<'_> {
         };
         Ok((b, t.dtype, t.shape.clone()))
     }
-}
-
-fn fetch_to(hub: &HubRepo, root: &Path, file: &str, required: bool) -> Result<bool> {
-    match hub.fetch(file) {
-        Ok(b) => {
-            write_atomic(&root.join(file), &b)?;
-            Ok(true)
-        }
-        Err(e) if required => Err(e),
-        Err(_) => Ok(false),
-    }
-}
-
-/// Downloads one shard resumably: 64 MiB ranges appended to `<file>.part`, size-checked, fsynced,
-/// then renamed.
-fn download_shard(
-    hub: &HubRepo,
-    root: &Path,
-    file: &str,
-    size: u64,
-    bar: &indicatif::ProgressBar,
-) -> Result<()> {
-    const CHUNK: u64 = 64 << 20;
-    let dest = root.join(file);
-    if std::fs::metadata(&dest).map(|m| m.len()).ok() == Some(size) {
-        bar.inc(size);
-        return Ok(());
-    }
-    let part = root.join(format!("{file}.part"));
-    let mut have = std::fs::metadata(&part)
-        .map(|m| m.len())
-        .unwrap_or(0)
-        .min(size);
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&part)
-        .map_err(|e| Error::io(&part, e))?;
-    f.set_len(have).map_err(|e| Error::io(&part, e))?;
-    bar.inc(have);
-    while have < size {
-        let end = (have + CHUNK).min(size);
-        let b = hub.fetch_range(file, have..end)?;
-        f.write_all(&b).map_err(|e| Error::io(&part, e))?;
-        have = end;
-        bar.inc(b.len() as u64);
-    }
-    f.sync_all().map_err(|e| Error::io(&part, e))?;
-    std::fs::rename(&part, &dest).map_err(|e| Error::io(&dest, e))
-}
-
-/// Runs `setup`: metadata, shard headers, the disk plan, then the shards (full) or nothing more
-/// (stream), the BF16 spine store, and the manifest.
-pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
-    let root = &opts.root;
-    std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
-    let hub = HubRepo::new(&opts.repo, opts.revision.clone(), None)?;
-    for (f, required) in [
-        ("config.json", true),
-        ("tiktoken.model", true),
-        ("tokenizer_config.json", true),
-        ("generation_config.json", false),
-        ("model.safetensors.index.json", true),
-    ] {
-        fetch_to(&hub, root, f, required).map_err(|e| Error::Msg(format!("setup: {f}: {e}")))?;
-    }
-    let cfg = K3Config::from_file(&root.join("config.json"))?;
-    let shards = discover_shards(root)?;
-    let hdir = remote_headers_dir(root);
-    std::fs::create_dir_all(&hdir).map_err(|e| Error::io(&hdir, e))?;
-    let mut sizes = serde_json::Map::new();
-    for s in &shards {
-        let size = hub.size(s)?;
-        let head = hub.fetch_range(s, 0..8.min(size))?;
-        let hlen = crate::checkpoint::header::parse_header_len(&head, size, Path::new(s))?;
-        let bytes = hub.fetch_range(s, 0..8 + hlen)?;
-        write_atomic(&hdir.join(s), &bytes)?;
-        sizes.insert(s.clone(), size.into());
-    }
-    write_atomic(
-        &hdir.join("sizes.json"),
-        serde_json::Value::Object(sizes.clone())
-            .to_string()
-            .as_bytes(),
-    )?;
-    let inv = Inventory::from_dir(root)?;
-    let index = ExpertIndex::derive_k3(&inv, &cfg)?;
-    let shard_bytes: u64 = sizes.values().filter_map(|v| v.as_u64()).sum();
-    let expert_bytes: u64 = index.spans.iter().flatten().map(|s| s.len()).sum();
-    let spine_bytes = shard_bytes - expert_bytes;
-    let margin = |b: u64| b / 50 + (64 << 20);
-    let full_bytes = shard_bytes + spine_bytes + margin(shard_bytes + spine_bytes);
-    let stream_bytes = spine_bytes + margin(spine_bytes);
-    let free = free_bytes(root);
-    let mode = opts.mode.unwrap_or(if free >= full_bytes {
-        Mode::Full
-    } else {
-        Mode::Stream
-    });
-    let hb = indicatif::HumanBytes;
-    say(&format!(
-        "disk plan: a full install needs {}, streaming {} now (+ up to {} of experts as they are used); {} free; mode: {:?}",
-        hb(full_bytes),
-        hb(stream_bytes),
-        hb(expert_bytes),
-        hb(free),
-        mode
-    ));
-    let plan = Plan {
-        mode,
-        full_bytes,
-        stream_bytes,
-        free_bytes: free,
-        expert_bytes,
-    };
-    if opts.dry_run {
-        return Ok(plan);
-    }
-    let needed = if mode == Mode::Full {
-        full_bytes
-    } else {
-        stream_bytes
-    };
-    if free < needed {
-        return Err(Error::Msg(format!(
-            "not enough disk space in {}: {} needed, {} free",
-            root.display(),
-            hb(needed),
-            hb(free)
-        )));
-    }
-    match mode {
-        Mode::Full => {
-            let bar = crate::progress::bytes_bar(shard_bytes, "downloading shards");
-            for s in &shards {
-                let size = sizes.get(s).and_then(|v| v.as_u64()).unwrap_or(0);
-                download_shard(&hub, root, s, size, &bar)?;
-            }
-            bar.finish_and_clear();
-            let inv = Inventory::from_dir(root)?;
-            convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
-        }
-        Mode::Stream => {
-            let remote = RemoteTensors {
-                hub: &hub,
-                inv: &inv,
-            };
-            let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
-            convert_spine_from(
-                &remote,
-                &inv,
-                cfg.num_layers(),
-                root,
-                SpineFormat::Bf16,
-                |d, _| bar.set_position(d as u64),
-            )?;
-            bar.finish_and_clear();
-            std::fs::create_dir_all(experts_dir(root))
-                .map_err(|e| Error::io(experts_dir(root), e))?;
-        }
-    }
-    let m = Manifest {
-        mode: if mode == Mode::Full {
-            "full".into()
-        } else {
-            "stream".into()
-        },
-        repo: opts.repo.clone(),
-        revision: opts.revision.clone(),
-    };
-    write_atomic(
-        &manifest_path(root),
-        serde_json::to_string_pretty(&m)
-            .map_err(|e| Error::Msg(e.to_string()))?
-            .as_bytes(),
-    )?;
-    Ok(plan)
 }
 
 /// The expert store of an install: local shards for a full install, the disk cache plus the hub
