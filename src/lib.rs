@@ -23,6 +23,7 @@
 #![recursion_limit = "256"]
 
 pub mod alloc_count;
+pub mod atomic;
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;

@@ -166,10 +166,15 @@ fn interrupted_conversion_resumes_to_identical_files() {
     std::fs::remove_file(dir.join("layer-004.bin")).unwrap();
     let b = read("layer-007.bin");
     std::fs::write(dir.join("layer-007.bin"), &b[..b.len() / 3]).unwrap();
-    std::fs::write(dir.join("layer-008.bin.tmp"), b"partial").unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stray = dir.join(format!(".layer-008.bin.{dead}.0.tmp"));
+    std::fs::write(&stray, b"partial").unwrap();
     let mut calls = 0;
     convert_spine(&inv, 10, d.path(), SpineFormat::Int8, |_, _| calls += 1).unwrap();
     assert!(calls > 0);
+    assert!(!stray.exists(), "the crashed writer's temporary is swept");
     for (f, w) in files.iter().zip(&want) {
         assert!(read(f) == *w, "{f} differs after resuming");
     }

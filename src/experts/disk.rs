@@ -5,7 +5,6 @@
 //! the name the cache looks at.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -164,25 +163,6 @@ impl DiskCache {
     }
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("expert");
-        let tmp = self.dir.join(format!(
-            ".{name}.{}.{:?}.tmp",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let res = (|| -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if let Err(e) = res {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io(path, e));
-        }
-        Ok(())
+        crate::atomic::write_atomic(path, bytes)
     }
 }

@@ -152,6 +152,12 @@ pub fn convert_spine_from(
 ) -> Result<PathBuf> {
     let dir = store_dir(out_root, format);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    for t in crate::atomic::sweep(&dir) {
+        tracing::warn!(
+            "removed {} (left by an interrupted conversion)",
+            t.display()
+        );
+    }
     let total = num_layers + 2;
     let mut done = 0;
     for l in 0..num_layers {
