@@ -108,8 +108,11 @@ fn main() -> anyhow::Result<()> {
             }
         };
         let gen = Generator::new(&model).generate(&mut state, &ids, &gen_opts, &cancel, |id| {
-            let text = dec.push(&tok, id);
-            show(split.push(&text), &mut reasoning, &mut content);
+            show(
+                split.push_id(&tok, &mut dec, id),
+                &mut reasoning,
+                &mut content,
+            );
         })?;
         let mut rest = split.push(&dec.finish());
         rest.extend(split.finish());

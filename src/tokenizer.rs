@@ -201,6 +201,14 @@ impl Tokenizer {
         self.specials.iter().find(|(t, _)| t == s).map(|(_, i)| *i)
     }
 
+    /// The text of special token `id` (`None` for ordinary tokens).
+    pub fn special_text(&self, id: u32) -> Option<&str> {
+        if (id as usize) < self.tokens.len() {
+            return None;
+        }
+        self.special_by_id.get(&id).map(|s| s.as_str())
+    }
+
     fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
         if let Some(&r) = self.ranks.get(piece) {
             out.push(r);
@@ -332,8 +340,14 @@ impl StreamDecoder {
         Self::default()
     }
 
-    /// Adds a token; returns the text that is now complete.
+    /// Adds a token; returns the text that is now complete. A special token flushes what is
+    /// pending first, so its text always ends the returned string whole.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
+        if let Some(s) = tok.special_text(id) {
+            let mut out = self.finish();
+            out.push_str(s);
+            return out;
+        }
         self.pending.extend(tok.token_bytes(id));
         match std::str::from_utf8(&self.pending) {
             Ok(s) => {

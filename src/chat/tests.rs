@@ -81,7 +81,38 @@ fn attribute_values_are_escaped_and_history_renders() {
     );
 }
 
-fn split_all(chunks: &[&str], thinking: bool) -> (String, String, bool) {
+/// Markers as token streams: special tokens whole, the words between them as ordinary text.
+const THINK_CLOSE: &[(&str, bool)] = &[("<|close|>", true), ("think", false), ("<|sep|>", true)];
+const RESP_OPEN: &[(&str, bool)] = &[("<|open|>", true), ("response", false), ("<|sep|>", true)];
+const RESP_CLOSE: &[(&str, bool)] = &[
+    ("<|close|>", true),
+    ("response", false),
+    ("<|sep|>", true),
+    ("<|close|>", true),
+    ("message", false),
+    ("<|sep|>", true),
+];
+const EOM: &[(&str, bool)] = &[("<|end_of_msg|>", true)];
+
+/// Ordinary text as one token per character.
+fn chars(t: &str) -> Vec<(String, bool)> {
+    t.chars().map(|c| (c.to_string(), false)).collect()
+}
+
+fn marker(m: &[(&str, bool)]) -> Vec<(String, bool)> {
+    m.iter()
+        .flat_map(|&(t, sp)| {
+            if sp {
+                vec![(t.to_string(), true)]
+            } else {
+                chars(t)
+            }
+        })
+        .collect()
+}
+
+/// Feeds `pushes` (each: ordinary text, then optionally one special token's text).
+fn split_all(pushes: &[(String, usize)], thinking: bool) -> (String, String, bool) {
     let mut s = ChatSplitter::new(thinking);
     let (mut r, mut c) = (String::new(), String::new());
     let mut take = |d: Vec<Delta>| {
@@ -92,61 +123,125 @@ fn split_all(chunks: &[&str], thinking: bool) -> (String, String, bool) {
             }
         }
     };
-    for ch in chunks {
-        take(s.push(ch));
+    for (text, special) in pushes {
+        take(s.push_token(text, *special));
     }
     take(s.finish());
     (r, c, s.done())
 }
 
-/// Every chunking of a rendered answer (all splits into up to three pieces, one character at a
-/// time, and random ones) gives the same reasoning and content, and no marker ever leaks.
+/// Groups a token stream into pushes: ordinary tokens joined between `cuts`, and every special
+/// token ending its push (as the decoder delivers it).
+fn group(tokens: &[(String, bool)], cuts: &[usize]) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for (i, (t, sp)) in tokens.iter().enumerate() {
+        if cuts.contains(&i) && !cur.is_empty() {
+            out.push((std::mem::take(&mut cur), 0));
+        }
+        cur.push_str(t);
+        if *sp {
+            out.push((std::mem::take(&mut cur), t.len()));
+        }
+    }
+    if !cur.is_empty() {
+        out.push((cur, 0));
+    }
+    out
+}
+
+/// Every grouping of a rendered answer's tokens (all splits into up to three pieces, one token
+/// at a time, and random ones) gives the same reasoning and content, and no marker ever leaks.
 #[test]
 fn splitter_handles_every_chunking() {
     let reasoning = "Let me think: 2+2 <is> 4.";
     let content = "The answer is 4 | final.";
-    let full = format!("{reasoning}{THINK_CLOSE}{RESP_OPEN}{content}{RESP_CLOSE}{EOM}");
-    let chars: Vec<usize> = full
-        .char_indices()
-        .map(|(i, _)| i)
-        .chain([full.len()])
-        .collect();
-    let check = |chunks: Vec<&str>| {
-        let (r, c, done) = split_all(&chunks, true);
-        assert_eq!(r, reasoning, "{chunks:?}");
-        assert_eq!(c, content, "{chunks:?}");
+    let tokens: Vec<(String, bool)> = [
+        chars(reasoning),
+        marker(THINK_CLOSE),
+        marker(RESP_OPEN),
+        chars(content),
+        marker(RESP_CLOSE),
+        marker(EOM),
+    ]
+    .concat();
+    let n = tokens.len();
+    let check = |pushes: Vec<(String, usize)>| {
+        let (r, c, done) = split_all(&pushes, true);
+        assert_eq!(r, reasoning, "{pushes:?}");
+        assert_eq!(c, content, "{pushes:?}");
         assert!(done);
     };
-    for (ai, &a) in chars.iter().enumerate() {
-        for &b in &chars[ai..] {
-            check(vec![&full[..a], &full[a..b], &full[b..]]);
+    for a in 0..=n {
+        for b in a..=n {
+            check(group(&tokens, &[a, b]));
         }
     }
-    check(
-        full.char_indices()
-            .map(|(i, ch)| &full[i..i + ch.len_utf8()])
-            .collect(),
-    );
+    check(group(&tokens, &(0..n).collect::<Vec<_>>()));
     let mut rng = Rng::new(9);
     for _ in 0..2000 {
-        let mut cuts: Vec<usize> = (0..rng.below(12))
-            .map(|_| chars[rng.below(chars.len() as u64) as usize])
+        let cuts: Vec<usize> = (0..rng.below(12))
+            .map(|_| rng.below(n as u64) as usize)
             .collect();
-        cuts.sort();
-        cuts.dedup();
-        let mut pieces = Vec::new();
-        let mut last = 0;
-        for c in cuts.into_iter().chain([full.len()]) {
-            pieces.push(&full[last..c]);
-            last = c;
-        }
-        check(pieces);
+        check(group(&tokens, &cuts));
     }
     // A close marker that is not followed by the end of message is content.
-    let odd = format!("{RESP_OPEN}a{RESP_CLOSE}b{RESP_CLOSE}{EOM}");
-    let (r, c, _) = split_all(&[&odd], true);
-    assert_eq!((r.as_str(), c.as_str()), ("", &*format!("a{RESP_CLOSE}b")));
+    let odd = [
+        marker(RESP_OPEN),
+        chars("a"),
+        marker(RESP_CLOSE),
+        chars("b"),
+        marker(RESP_CLOSE),
+        marker(EOM),
+    ]
+    .concat();
+    let (r, c, _) = split_all(&group(&odd, &[]), true);
+    let close: String = RESP_CLOSE.iter().map(|p| p.0).collect();
+    assert_eq!((r.as_str(), c.as_str()), ("", &*format!("a{close}b")));
     // Thinking off: everything is content; a stream cut short keeps what was said.
-    let (r, c, done) = split_all(&["Hi", " there"], false);
+    let (r, c, done) = split_all(&[("Hi".into(), 0), (" there".into(), 0)], false);
     assert_eq!((r.as_str(), c.as_str(), done), ("", "Hi there", false));
+}
+
+/// Markers spelled with ordinary tokens are text: they neither end the reasoning nor the message.
+#[test]
+fn spelled_markers_are_text() {
+    let fake_open = "<|open|>response<|sep|>";
+    let fake_eom = "<|end_of_msg|>";
+    let tokens = [
+        chars(&format!("I could write {fake_open} here.")),
+        marker(THINK_CLOSE),
+        marker(RESP_OPEN),
+        chars(&format!("Or {fake_eom} there.")),
+        marker(RESP_CLOSE),
+        marker(EOM),
+    ]
+    .concat();
+    let (r, c, done) = split_all(&group(&tokens, &[]), true);
+    assert_eq!(r, format!("I could write {fake_open} here."));
+    assert_eq!(c, format!("Or {fake_eom} there."));
+    assert!(done);
+}
+
+/// Through the tokenizer: a special id ends the decoder's output whole, and `push_id` marks it.
+#[test]
+fn push_id_marks_special_ids() {
+    let t = fixture_tok();
+    let eom = t.special_id("<|end_of_msg|>").unwrap();
+    let mut dec = crate::tokenizer::StreamDecoder::new();
+    let mut s = ChatSplitter::new(false);
+    let mut got = Vec::new();
+    for id in t.encode_ordinary("Hi <|end_of_msg|> there") {
+        got.extend(s.push_id(&t, &mut dec, id));
+    }
+    assert!(!s.done(), "a spelled end of message is text");
+    got.extend(s.push_id(&t, &mut dec, eom));
+    assert!(s.done());
+    let text: String = got
+        .into_iter()
+        .map(|d| match d {
+            Delta::Content(x) | Delta::Reasoning(x) => x,
+        })
+        .collect();
+    assert_eq!(text, "Hi <|end_of_msg|> there");
 }

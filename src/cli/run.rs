@@ -189,7 +189,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             }
             if !a.json {
                 match &tok {
-                    Some(t) if a.chat => show(split.push(&dec.push(t, id))),
+                    Some(t) if a.chat => show(split.push_id(t, &mut dec, id)),
                     Some(t) => show(vec![Delta::Content(dec.push(t, id))]),
                     None if !a.stats && !a.layer_profile => eprint!("{id} "),
                     None => {}

@@ -165,12 +165,9 @@ fn spawn_generation(
             &opts,
             &cancel,
             &mut |l: &[f32]| sampler.choose(l),
-            |id| {
-                let text = dec.push(&st.tok, id);
-                match chat {
-                    Some(_) => send(split.push(&text), &cancel),
-                    None => send(vec![Delta::Content(text)], &cancel),
-                }
+            |id| match chat {
+                Some(_) => send(split.push_id(&st.tok, &mut dec, id), &cancel),
+                None => send(vec![Delta::Content(dec.push(&st.tok, id))], &cancel),
             },
         );
         match res {
