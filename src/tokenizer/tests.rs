@@ -152,37 +152,40 @@ fn ranks_file_errors_name_the_line() {
         .contains("rank 0"));
 }
 
-/// K3's real vocabulary size (163,840 ranks, specials from 163,840): a ranks file of that size
-/// loads from a model directory, named specials land at their ids, and text round-trips with the
-/// same ids as the reference BPE.
+/// K3's real layout (163,584 BPE ranks, specials from 163,584 with `<|end_of_msg|>` = 163,586,
+/// a 163,840-token vocabulary): the files load from a model directory, named specials land at
+/// their ids, text round-trips with the reference BPE's ids, and a config whose vocabulary is not
+/// ranks + 256 is refused.
 #[test]
 fn real_size_vocabulary_from_dir() {
-    use base64::Engine;
-    let ranks = crate::checkpoint::tiktoken_fixture::pad_ranks(train_ranks(240), 163_840, 3);
+    use crate::checkpoint::fixture::full::{k3_config, K3_RANKS};
+    use crate::checkpoint::tiktoken_fixture::{
+        pad_ranks, tiktoken_model_text, tokenizer_config_json,
+    };
+    assert_eq!(K3_RANKS, 163_584);
+    let ranks = pad_ranks(train_ranks(240), K3_RANKS, 3);
     let dir = tempfile::tempdir().unwrap();
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let text: String = ranks
-        .iter()
-        .enumerate()
-        .map(|(i, t)| format!("{} {i}\n", b64.encode(t)))
-        .collect();
-    std::fs::write(dir.path().join("tiktoken.model"), text).unwrap();
-    let cfg = serde_json::json!({"added_tokens_decoder": {
-        "163840": {"content": "[BOS]", "special": true},
-        "163842": {"content": "<|end_of_msg|>", "special": true},
-    }});
     std::fs::write(
-        dir.path().join("tokenizer_config.json"),
-        serde_json::to_vec(&cfg).unwrap(),
+        dir.path().join("tiktoken.model"),
+        tiktoken_model_text(&ranks),
     )
     .unwrap();
+    let tc = tokenizer_config_json(K3_RANKS as u32);
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::to_vec(&tc).unwrap(),
+    )
+    .unwrap();
+    let mut config = k3_config();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let t0 = std::time::Instant::now();
     let t = Tokenizer::from_dir(dir.path()).unwrap();
-    eprintln!("163,840-rank tokenizer loaded in {:?}", t0.elapsed());
-    assert_eq!(t.num_ranks(), 163_840);
-    assert_eq!(t.special_id("[BOS]"), Some(163_840));
-    assert_eq!(t.special_id("<|end_of_msg|>"), Some(163_842));
-    assert_eq!(t.special_id("<|reserved_token_164095|>"), Some(164_095));
+    eprintln!("163,584-rank tokenizer loaded in {:?}", t0.elapsed());
+    assert_eq!(t.num_ranks(), 163_584);
+    assert_eq!(t.special_id("[BOS]"), Some(163_584));
+    assert_eq!(t.special_id("<|end_of_msg|>"), Some(163_586));
+    assert_eq!(t.special_id("[PAD]"), Some(163_839));
+    assert_eq!(config["eos_token_id"], 163_586);
     let s = "The quick brown fox jumps over 13 lazy dogs. Ünïcode 北京 🙂";
     let ids = t.encode_ordinary(s);
     assert_eq!(t.decode(&ids), s);
@@ -192,8 +195,13 @@ fn real_size_vocabulary_from_dir() {
     }
     assert_eq!(ids, want);
     let with = t.encode("[BOS]hi<|end_of_msg|>", true);
-    assert_eq!(with.first(), Some(&163_840));
-    assert_eq!(with.last(), Some(&163_842));
+    assert_eq!(with.first(), Some(&163_584));
+    assert_eq!(with.last(), Some(&163_586));
+    // A vocabulary that is not ranks + 256 does not load.
+    config["text_config"]["vocab_size"] = (163_840 + 256).into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let e = Tokenizer::from_dir(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("vocab_size") && e.contains("163584"), "{e}");
 }
 
 /// tiktoken's merge rule as written there: rescan every pair per merge (the reference).
