@@ -340,6 +340,45 @@ fn conversation_state_reuse_gives_the_same_tokens() {
     );
 }
 
+/// A first turn of several tokens whose reasoning and content come back in the next request:
+/// whatever is reused, the answer equals a fresh prefill's; and with `max_tokens` 0 (nothing is
+/// prefilled) no state is saved for the next request to reuse.
+#[test]
+fn conversation_reuse_after_a_multi_token_turn() {
+    for max in [6usize, 0] {
+        let addr = start(ServerConfig {
+            max_tokens: max,
+            ..Default::default()
+        });
+        let post = |body: &Value| -> Value {
+            let (st, _, b) = http(addr, "POST", "/v1/chat/completions", &body.to_string());
+            assert_eq!(st, 200, "{b}");
+            serde_json::from_str(&b).unwrap()
+        };
+        let r1 = post(&json!({"messages": [{"role": "user", "content": "Tell me"}]}));
+        assert_eq!(r1["usage"]["completion_tokens"], max as u64, "{r1}");
+        let m = &r1["choices"][0]["message"];
+        let second = json!({"messages": [{"role": "user", "content": "Tell me"},
+            {"role": "assistant", "content": m["content"], "reasoning_content": m["reasoning_content"]},
+            {"role": "user", "content": "And then?"}]});
+        let reused = post(&second);
+        let cached = reused["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(cached <= reused["usage"]["prompt_tokens"].as_u64().unwrap());
+        if max == 0 {
+            assert_eq!(cached, 0, "nothing was prefilled, nothing may be reused");
+        }
+        post(&json!({"messages": [{"role": "user", "content": "Something else"}]}));
+        let fresh = post(&second);
+        assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        assert_eq!(
+            fresh["choices"], reused["choices"],
+            "max_tokens {max}, cached {cached}"
+        );
+    }
+}
+
 /// Opens a streaming chat request and returns the socket (the response is read by the caller).
 fn open_stream(addr: SocketAddr, max_tokens: usize) -> TcpStream {
     let body = json!({"messages": [{"role": "user", "content": "go"}], "stream": true, "max_tokens": max_tokens}).to_string();

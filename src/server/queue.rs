@@ -192,8 +192,12 @@ fn spawn_generation(
                     seq.extend_from_slice(
                         &g.generated_ids[..g.generated_ids.len().saturating_sub(1)],
                     );
-                    if let Ok(mut l) = st.last.lock() {
-                        *l = Some((seq, state));
+                    // Saved only when the state really holds exactly those tokens (with
+                    // `max_new == 0` nothing was prefilled at all).
+                    if state.pos == seq.len() {
+                        if let Ok(mut l) = st.last.lock() {
+                            *l = Some((seq, state));
+                        }
                     }
                 }
                 let _ = tx.send(Ev::Done {
