@@ -370,6 +370,20 @@ fn doctor_reports_problems() {
         text.contains("warn  spine int8") && text.contains("convert-spine-int8"),
         "{text}"
     );
+    // A flipped byte in the converted BF16 store's embedding (same size, header intact) is
+    // caught by --verify, which reads the tail and embedding files too.
+    succeed(&["convert-spine", "--model-root"], d.path());
+    let embed = d.path().join("deltafin-spine/bf16/embed.bin");
+    let mut b = std::fs::read(&embed).unwrap();
+    let at = b.len() - 10;
+    b[at] ^= 0x5a;
+    std::fs::write(&embed, &b).unwrap();
+    let text = String::from_utf8_lossy(&doctor().stdout).to_string();
+    assert!(
+        text.contains("FAIL  spine bf16") && text.contains("embed.bin"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(d.path().join("deltafin-spine/bf16")).unwrap();
     // A truncated shard.
     let shard = std::fs::read_dir(d.path())
         .unwrap()

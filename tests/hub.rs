@@ -166,6 +166,47 @@ fn corrupted_cache_files_are_refetched() {
     assert_clean(dir.path());
 }
 
+/// Every published expert gets its checksum (verification on or off); with verification on, a
+/// cache file whose checksum is missing is a miss and is refetched.
+#[test]
+fn checksums_are_always_written_and_a_missing_one_is_a_miss() {
+    let e = env();
+    let want = want(&e);
+    let dir = tempfile::tempdir().unwrap();
+    let plain = DiskCache::new(dir.path(), CacheAdvice::Auto).unwrap();
+    assert_eq!(tokens(&e, hub_provider(&e, &plain, 3)).unwrap(), want);
+    let files: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|f| f.unwrap().path())
+        .collect();
+    let bins: Vec<_> = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .collect();
+    assert!(!bins.is_empty());
+    for b in &bins {
+        assert!(
+            b.with_extension("sum").is_file(),
+            "{} has no checksum",
+            b.display()
+        );
+    }
+    for b in &bins {
+        std::fs::remove_file(b.with_extension("sum")).unwrap();
+    }
+    let mut verified = plain.clone();
+    verified.verify = true;
+    let before = e.hub.gets();
+    assert_eq!(tokens(&e, hub_provider(&e, &verified, 3)).unwrap(), want);
+    assert!(
+        e.hub.gets() > before,
+        "files without a checksum were refetched"
+    );
+    for b in &bins {
+        assert!(b.with_extension("sum").is_file());
+    }
+}
+
 #[test]
 fn concurrent_requests_fetch_once() {
     let e = env();

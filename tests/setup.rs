@@ -50,7 +50,10 @@ fn stream_install_then_run_fetch_and_warm() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("experts: streaming install"));
     for f in std::fs::read_dir(root.join("experts")).unwrap() {
         let n = f.unwrap().file_name().to_string_lossy().into_owned();
-        assert!(n.ends_with(".bin"), "no partial files: {n}");
+        assert!(
+            (n.ends_with(".bin") || n.ends_with(".sum")) && !n.starts_with('.'),
+            "no partial files: {n}"
+        );
     }
 
     // fetch-experts: dry run, then one layer, then everything.

@@ -183,7 +183,8 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         if done == files.len() {
             if verify {
                 let pool = crate::experts::BufPool::new(1);
-                let bad: Vec<String> = files[..layers]
+                // Every file, the tail (lm_head) and the embedding included.
+                let bad: Vec<String> = files
                     .iter()
                     .filter(|p| {
                         crate::spine::layer::read_file(p, &pool)
@@ -195,7 +196,10 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
                 if bad.is_empty() {
                     r.ok(
                         &what,
-                        format!("complete, {layers} layer checksums verified"),
+                        format!(
+                            "complete, checksums of {} files verified ({layers} layers, global, embed)",
+                            files.len()
+                        ),
                     );
                 } else {
                     r.fail(

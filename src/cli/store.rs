@@ -30,7 +30,8 @@ pub struct StoreArgs {
     /// Raw-span disk cache directory (`L{layer}-E{expert}.bin` files).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// Verify cache files against the checksum recorded when they were written.
+    /// Verify expert cache files (`--cache-dir`, or a streaming install's `experts/`) against the
+    /// checksum recorded when they were written; a missing or wrong checksum is refetched.
     #[arg(long)]
     pub verify_cache: bool,
     /// Do not prefetch the previous position's experts.
@@ -100,6 +101,7 @@ impl StoreArgs {
                 advice,
                 prefetch_previous: !self.no_prefetch,
                 prefetch_hub: self.prefetch_hub,
+                verify_cache: self.verify_cache,
                 ..Default::default()
             },
             cache,

@@ -84,7 +84,8 @@ pub fn drop_from_page_cache_all(path: &Path) -> Result<()> {
 pub struct DiskCache {
     dir: PathBuf,
     advice: CacheAdvice,
-    /// Record a checksum at publish (`L{l}-E{e}.sum`) and verify it on every read.
+    /// Verify every read against the checksum recorded at publish (`L{l}-E{e}.sum`, always
+    /// written); a missing or wrong checksum is a miss (the file is deleted and refetched).
     pub verify: bool,
 }
 
@@ -134,13 +135,18 @@ impl DiskCache {
         f.read_exact_at(buf, 0).map_err(|e| Error::io(&path, e))?;
         drop_from_page_cache(&f, 0, len as u64, self.advice);
         if self.verify {
-            if let Ok(text) = std::fs::read_to_string(self.sum_path(layer, expert)) {
-                let want = u64::from_str_radix(text.trim(), 16).ok();
-                if want != Some(checksum(buf)) {
-                    tracing::warn!(path = %path.display(), "expert cache file fails its checksum; deleting it");
-                    self.invalidate(layer, expert);
-                    return Ok(false);
-                }
+            let want = std::fs::read_to_string(self.sum_path(layer, expert))
+                .ok()
+                .and_then(|t| u64::from_str_radix(t.trim(), 16).ok());
+            if want != Some(checksum(buf)) {
+                let why = if want.is_some() {
+                    "fails its checksum"
+                } else {
+                    "has no checksum"
+                };
+                tracing::warn!(path = %path.display(), "expert cache file {why}; deleting it");
+                self.invalidate(layer, expert);
+                return Ok(false);
             }
         }
         Ok(true)
@@ -152,13 +158,11 @@ impl DiskCache {
         Ok(self.read_into(layer, expert, &mut buf)?.then_some(buf))
     }
 
-    /// Publishes an expert's bytes atomically (checksum first, so a `.bin` is never visible
-    /// without its checksum when verification is on).
+    /// Publishes an expert's bytes atomically, checksum first, so a `.bin` is never visible
+    /// without its checksum (whether or not this cache verifies reads).
     pub fn publish(&self, layer: usize, expert: usize, bytes: &[u8]) -> Result<()> {
-        if self.verify {
-            let sum = format!("{:016x}\n", checksum(bytes));
-            self.write_atomic(&self.sum_path(layer, expert), sum.as_bytes())?;
-        }
+        let sum = format!("{:016x}\n", checksum(bytes));
+        self.write_atomic(&self.sum_path(layer, expert), sum.as_bytes())?;
         self.write_atomic(&self.path(layer, expert), bytes)
     }
 

@@ -55,6 +55,8 @@ pub struct TieredOptions {
     pub prefetch_threads: usize,
     /// Idle expert buffers kept for reuse.
     pub pool_buffers: usize,
+    /// Verify the install's own expert cache (a streaming install's `experts/`) on every read.
+    pub verify_cache: bool,
 }
 
 impl Default for TieredOptions {
@@ -69,6 +71,7 @@ impl Default for TieredOptions {
             prefetch_hub: false,
             prefetch_threads: 2,
             pool_buffers: 16,
+            verify_cache: false,
         }
     }
 }

@@ -140,7 +140,11 @@ pub fn expert_store(
         Some(m) if m.mode == "stream" => {
             let cache = match cache {
                 Some(c) => c,
-                None => DiskCache::new(&experts_dir(root), opts.advice)?,
+                None => {
+                    let mut c = DiskCache::new(&experts_dir(root), opts.advice)?;
+                    c.verify = opts.verify_cache;
+                    c
+                }
             };
             let hub = Arc::new(HubRepo::new(&m.repo, m.revision.clone(), None)?);
             TieredExperts::new(index, None, Some(cache), opts)?.with_hub(hub, inv)
