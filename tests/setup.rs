@@ -44,9 +44,25 @@ fn stream_install_then_run_fetch_and_warm() {
     let root = dst.path().join("k3");
     deltafin(&hub, &["setup", "--stream", "--repo", REPO], &root, &[]);
     assert!(root.join("deltafin-spine/bf16/layer-000.bin").is_file());
+    // The install is pinned to the commit `main` named at setup; everything after asks for it.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("deltafin-meta/install.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        manifest["revision"],
+        deltafin::hub::mock::MOCK_COMMIT,
+        "{manifest}"
+    );
+    let asked_at_setup = hub.revisions().len();
     assert!(!root.join("model-00001-of-000004.safetensors").exists());
     let out = deltafin(&hub, &run, &root, &[]);
     assert_eq!(ids(&out), want, "same tokens from the streaming install");
+    let later: Vec<String> = hub.revisions()[asked_at_setup..].to_vec();
+    assert!(!later.is_empty());
+    assert!(
+        later.iter().all(|r| r == deltafin::hub::mock::MOCK_COMMIT),
+        "after setup every request names the pinned commit: {later:?}"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("experts: streaming install"));
     for f in std::fs::read_dir(root.join("experts")).unwrap() {
         let n = f.unwrap().file_name().to_string_lossy().into_owned();

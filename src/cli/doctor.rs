@@ -157,15 +157,23 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
                 r.ok(
                     "install",
                     format!(
-                        "streaming install of {}: {n} experts ({:.1} GB) not local yet; `deltafin fetch-experts` fetches them",
+                        "streaming install of {} at commit {}: {n} experts ({:.1} GB) not local yet; `deltafin fetch-experts` fetches them",
                         m.repo,
+                        m.revision.as_deref().unwrap_or("main (not pinned: re-run setup)"),
                         b as f64 / GB
                     ),
                 )
             }
             Err(e) => r.fail("install", e),
         },
-        Some(m) => r.ok("install", format!("full install of {}", m.repo)),
+        Some(m) => r.ok(
+            "install",
+            format!(
+                "full install of {} at commit {}",
+                m.repo,
+                m.revision.as_deref().unwrap_or("main (not pinned)")
+            ),
+        ),
         None => r.ok("install", "a plain checkpoint directory"),
     }
     let layers = cfg.num_layers();

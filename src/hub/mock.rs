@@ -42,6 +42,8 @@ struct MockState {
     faults: Mutex<VecDeque<Fault>>,
     gets: AtomicUsize,
     ranged_gets: AtomicUsize,
+    /// Every revision a request named, in order.
+    revisions: Mutex<Vec<String>>,
 }
 
 /// A running mock hub; stopped when dropped.
@@ -67,7 +69,7 @@ fn parse_range(h: &HeaderMap, size: u64) -> Option<(u64, u64)> {
 
 async fn resolve(
     State(st): State<Arc<MockState>>,
-    UrlPath((owner, name, _rev, file)): UrlPath<(String, String, String, String)>,
+    UrlPath((owner, name, rev, file)): UrlPath<(String, String, String, String)>,
     method: Method,
     headers: HeaderMap,
 ) -> Response {
@@ -77,7 +79,14 @@ async fn resolve(
             .body(Body::empty())
             .unwrap_or_default()
     };
-    if format!("{owner}/{name}") != st.repo || file.split('/').any(|p| p == ".." || p.is_empty()) {
+    if let Ok(mut r) = st.revisions.lock() {
+        r.push(rev.clone());
+    }
+    // One commit, reachable by its hash or as `main`.
+    if format!("{owner}/{name}") != st.repo
+        || (rev != "main" && rev != MOCK_COMMIT)
+        || file.split('/').any(|p| p == ".." || p.is_empty())
+    {
         return status(StatusCode::NOT_FOUND);
     }
     let path = st.root.join(&file);
@@ -184,6 +193,7 @@ impl MockHub {
             faults: Mutex::new(VecDeque::new()),
             gets: AtomicUsize::new(0),
             ranged_gets: AtomicUsize::new(0),
+            revisions: Mutex::new(Vec::new()),
         });
         let std_listener = std::net::TcpListener::bind(addr)
             .map_err(|e| Error::Msg(format!("mock hub: bind: {e}")))?;
@@ -225,6 +235,15 @@ impl MockHub {
             shutdown: Some(tx),
             thread: Some(thread),
         })
+    }
+
+    /// The revisions requests have named so far, in order.
+    pub fn revisions(&self) -> Vec<String> {
+        self.state
+            .revisions
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
     }
 
     /// The endpoint to put in `HF_ENDPOINT`.

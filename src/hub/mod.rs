@@ -51,6 +51,11 @@ impl HubRepo {
         })
     }
 
+    /// The revision requests name (`main` when none was given).
+    pub fn revision(&self) -> &str {
+        self.revision.as_deref().unwrap_or("main")
+    }
+
     /// The resolve URL of a file (for messages).
     pub fn url(&self, file: &str) -> String {
         format!(
@@ -70,6 +75,25 @@ impl HubRepo {
             .send()
             .map(|m| m.file_size)
             .map_err(|e| Error::Msg(format!("{}: {e}", self.url(file))))
+    }
+
+    /// The commit this repository's revision resolves to now (the hub's `X-Repo-Commit` for
+    /// `file`).
+    pub fn commit(&self, file: &str) -> Result<String> {
+        let m = self
+            .repo
+            .get_file_metadata()
+            .filepath(file)
+            .maybe_revision(self.revision.as_deref())
+            .send()
+            .map_err(|e| Error::Msg(format!("{}: {e}", self.url(file))))?;
+        if m.commit_hash.is_empty() {
+            return Err(Error::Msg(format!(
+                "{}: the hub named no commit (X-Repo-Commit); cannot pin the install",
+                self.url(file)
+            )));
+        }
+        Ok(m.commit_hash)
     }
 
     /// Fetches a whole file (size checked), retrying with backoff.

@@ -28,8 +28,11 @@ pub struct Manifest {
     pub mode: String,
     /// Hub repository.
     pub repo: String,
-    /// Revision.
+    /// The commit the install was made from (resolved at setup; every later fetch asks for it).
     pub revision: Option<String>,
+    /// The revision asked for at setup (a branch or tag; informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<String>,
 }
 
 /// Reads the install manifest, if any.

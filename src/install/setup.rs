@@ -118,7 +118,16 @@ type Planned = (
 /// `disk`.
 fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Result<Planned> {
     let root = &opts.root;
-    let hub = HubRepo::new(&opts.repo, opts.revision.clone(), None)?;
+    // Pin the install to the commit the revision names now, so a later re-upload of the repo
+    // can never feed other bytes into this root's byte ranges.
+    let moving = HubRepo::new(&opts.repo, opts.revision.clone(), None)?;
+    let commit = moving.commit("config.json")?;
+    say(&format!(
+        "{} at {} is commit {commit}",
+        opts.repo,
+        opts.revision.as_deref().unwrap_or("main")
+    ));
+    let hub = HubRepo::new(&opts.repo, Some(commit), None)?;
     for (f, required) in [
         ("config.json", true),
         ("tiktoken.model", true),
@@ -250,7 +259,8 @@ fn install(
             "stream".into()
         },
         repo: opts.repo.clone(),
-        revision: opts.revision.clone(),
+        revision: Some(hub.revision().to_string()),
+        requested: opts.revision.clone(),
     };
     write_atomic(
         &manifest_path(root),
