@@ -384,6 +384,10 @@ fn doctor_reports_problems() {
         "{text}"
     );
     std::fs::remove_dir_all(d.path().join("deltafin-spine/bf16")).unwrap();
+    // A temporary left by a crashed writer is reported.
+    std::fs::write(d.path().join(".config.json.999999.0.tmp"), b"x").unwrap();
+    let text = String::from_utf8_lossy(&doctor().stdout).to_string();
+    assert!(text.contains("warn  temporaries: 1 left"), "{text}");
     // A truncated shard.
     let shard = std::fs::read_dir(d.path())
         .unwrap()
@@ -401,4 +405,28 @@ fn doctor_reports_problems() {
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("FAIL  shards"), "{text}");
+}
+
+/// One writer per model root: while this process holds the root's lock, `convert-spine` in
+/// another process is refused at once with a message naming this process; afterwards it runs.
+#[test]
+fn a_second_writer_is_refused_naming_the_holder() {
+    let d = nano();
+    let lock = deltafin::install::RootLock::acquire(d.path()).unwrap();
+    let out = bin()
+        .args(["convert-spine", "--model-root"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("another deltafin process")
+            && err.contains(&format!("pid {}", std::process::id())),
+        "{err}"
+    );
+    assert!(!d.path().join("deltafin-spine/bf16/layer-000.bin").exists());
+    drop(lock);
+    succeed(&["convert-spine", "--model-root"], d.path());
+    assert!(d.path().join("deltafin-spine/bf16/layer-000.bin").is_file());
 }

@@ -102,6 +102,37 @@ fn free_bytes(dir: &Path) -> Option<u64> {
         .then(|| s.f_bavail as u64 * s.f_frsize as u64)
 }
 
+/// Temporaries an interrupted writer left in the root's directories.
+fn temporaries(r: &mut Report, root: &Path) {
+    let dirs = [
+        root.to_path_buf(),
+        root.join("deltafin-meta"),
+        root.join("deltafin-meta/headers"),
+        store_dir(root, SpineFormat::Bf16),
+        store_dir(root, SpineFormat::Int8),
+        crate::install::experts_dir(root),
+    ];
+    let left: Vec<String> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|rd| rd.flatten())
+        .filter(|e| crate::atomic::is_temp_name(&e.file_name().to_string_lossy()))
+        .map(|e| e.path().display().to_string())
+        .collect();
+    if left.is_empty() {
+        r.ok("temporaries", "none left by interrupted writers");
+    } else {
+        r.warn(
+            "temporaries",
+            format!(
+                "{} left by an interrupted writer (e.g. {}); the next setup, fetch-experts or conversion removes those of dead processes",
+                left.len(),
+                left[0]
+            ),
+        );
+    }
+}
+
 fn model(r: &mut Report, root: &Path, verify: bool) {
     let cfg = match K3Config::from_file(&root.join("config.json")) {
         Ok(c) => {
@@ -176,6 +207,7 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         ),
         None => r.ok("install", "a plain checkpoint directory"),
     }
+    temporaries(r, root);
     let layers = cfg.num_layers();
     for f in [SpineFormat::Int8, SpineFormat::Bf16] {
         let d = store_dir(root, f);

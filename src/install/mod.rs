@@ -13,7 +13,9 @@ use crate::hub::HubRepo;
 use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, TensorBytes};
 use crate::{Error, K3Config, Result};
 
+mod lock;
 mod setup;
+pub use lock::RootLock;
 pub use setup::setup;
 
 /// Where the install manifest lives.
@@ -190,6 +192,7 @@ pub fn missing_experts(
 /// Fetches the given experts of a streaming install into its cache (resumable: cached experts
 /// are skipped).
 pub fn fetch_experts(root: &Path, todo: &[(usize, Vec<usize>, u64)]) -> Result<()> {
+    let _lock = RootLock::acquire(root)?;
     let m = read_manifest(root).ok_or_else(|| {
         Error::Msg(format!(
             "{} is not a streaming install (run `deltafin setup --stream` first)",

@@ -72,6 +72,7 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
     }
     let root = &opts.root;
     std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
+    let _lock = RootLock::acquire(root)?;
     let (plan, cfg, shards, sizes, hub) = plan_in(opts, root.clone(), &mut say)?;
     install(opts, plan, cfg, shards, sizes, hub)
 }

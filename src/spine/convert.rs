@@ -150,6 +150,7 @@ pub fn convert_spine_from(
     format: SpineFormat,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<PathBuf> {
+    let _lock = crate::install::RootLock::acquire(out_root)?;
     let dir = store_dir(out_root, format);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     for t in crate::atomic::sweep(&dir) {
