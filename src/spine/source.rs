@@ -179,6 +179,13 @@ impl Spine {
                 (g, (Some(f), e))
             }
         };
+        let e = &embed.1;
+        if e.shape.len() != 2 || e.shape.contains(&0) {
+            return Err(Error::Tensor {
+                name: e.name.clone(),
+                msg: format!("the embedding must be [vocab, hidden], found {:?}", e.shape),
+            });
+        }
         if let Some(g) = &gpu {
             g.pin(&mut global)?;
         }
