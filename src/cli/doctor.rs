@@ -134,6 +134,19 @@ fn temporaries(r: &mut Report, root: &Path) {
 }
 
 fn model(r: &mut Report, root: &Path, verify: bool) {
+    // A setup that started (headers being saved) but never wrote its manifest was interrupted:
+    // nothing is wrong with the files so far, and setup resumes from them.
+    if crate::install::read_manifest(root).is_none() && crate::install::setup_marker(root).is_file()
+    {
+        temporaries(r, root);
+        return r.warn(
+            "install",
+            format!(
+                "setup did not finish in {} (interrupted); run the same `deltafin setup` again to resume it",
+                root.display()
+            ),
+        );
+    }
     let cfg = match K3Config::from_file(&root.join("config.json")) {
         Ok(c) => {
             let t = c.text();

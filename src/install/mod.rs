@@ -23,6 +23,12 @@ pub fn manifest_path(root: &Path) -> PathBuf {
     root.join("deltafin-meta").join("install.json")
 }
 
+/// Written when `setup` starts (repo and requested revision); an install is finished once
+/// `install.json` exists too.
+pub fn setup_marker(root: &Path) -> PathBuf {
+    root.join("deltafin-meta").join("setup.json")
+}
+
 /// What `setup` installed.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {

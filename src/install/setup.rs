@@ -73,6 +73,10 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
     let root = &opts.root;
     std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
     let _lock = RootLock::acquire(root)?;
+    // Marks a setup in progress until `install.json` exists (doctor reads it to tell an
+    // interrupted setup from a broken checkpoint).
+    let started = serde_json::json!({"repo": opts.repo, "revision": opts.revision});
+    write_atomic(&setup_marker(root), started.to_string().as_bytes())?;
     let (plan, cfg, shards, sizes, hub) = plan_in(opts, root.clone(), &mut say)?;
     install(opts, plan, cfg, shards, sizes, hub)
 }
