@@ -72,6 +72,26 @@ fn stream_install_then_run_fetch_and_warm() {
         );
     }
 
+    // The int8 spine converts on a streaming install (no shards: from its BF16 store), to the
+    // same bytes as from the checkpoint itself.
+    deltafin(&hub, &["convert-spine-int8"], &root, &[]);
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["convert-spine-int8", "--model-root"])
+        .arg(src.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for f in ["layer-000.bin", "layer-005.bin", "global.bin", "embed.bin"] {
+        let a = std::fs::read(root.join("deltafin-spine/int8").join(f)).unwrap();
+        let b = std::fs::read(src.path().join("deltafin-spine/int8").join(f)).unwrap();
+        assert!(
+            a == b,
+            "{f} differs between the streaming install and the checkpoint"
+        );
+    }
+    // The rest of this test compares BF16 tokens.
+    std::fs::remove_dir_all(root.join("deltafin-spine/int8")).unwrap();
+
     // fetch-experts: dry run, then one layer, then everything.
     let dry = deltafin(&hub, &["fetch-experts", "--dry-run"], &root, &[]);
     let v: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();

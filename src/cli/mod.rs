@@ -411,10 +411,28 @@ fn convert(
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-    let dir =
-        crate::spine::convert::convert_spine(&inv, cfg.num_layers(), root, format, |done, _| {
+    use crate::spine::convert::{convert_spine, convert_spine_from, store_dir, SpineFormat};
+    let n = cfg.num_layers();
+    let local_shards = inv.shards.iter().all(|s| root.join(&s.file).is_file());
+    let bf16 = store_dir(root, SpineFormat::Bf16);
+    let bf16_complete = (0..n)
+        .map(|l| bf16.join(format!("layer-{l:03}.bin")))
+        .chain([bf16.join("global.bin"), bf16.join("embed.bin")])
+        .all(|p| crate::spine::layer::is_complete(&p));
+    let dir = if !local_shards && format == SpineFormat::Int8 && bf16_complete {
+        // A streaming install has no shards: its BF16 store holds the original bytes.
+        let src = crate::spine::convert::StoreTensors {
+            dir: bf16,
+            inv: &inv,
+        };
+        convert_spine_from(&src, &inv, n, root, format, |done, _| {
             bar.set_position(done as u64)
-        })?;
+        })?
+    } else {
+        convert_spine(&inv, n, root, format, |done, _| {
+            bar.set_position(done as u64)
+        })?
+    };
     bar.finish_and_clear();
     eprintln!("spine ({}) written to {}", format.dir_name(), dir.display());
     Ok(())

@@ -71,6 +71,34 @@ impl TensorBytes for ShardSpine {
     }
 }
 
+/// Tensor bytes from a complete BF16 spine store (the original bytes): what a streaming
+/// install, which has no shards, converts to row-int8 from.
+pub struct StoreTensors<'a> {
+    /// The BF16 store directory.
+    pub dir: PathBuf,
+    /// The checkpoint's inventory (names and prefix).
+    pub inv: &'a Inventory,
+}
+
+impl TensorBytes for StoreTensors<'_> {
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+        let rel = name.strip_prefix(&self.inv.prefix).unwrap_or(name);
+        let (file, entry) = match rel
+            .strip_prefix("model.layers.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(l, rest)| l.parse::<usize>().ok().map(|l| (l, rest)))
+        {
+            Some((l, rest)) => (format!("layer-{l:03}.bin"), rest.to_string()),
+            None if rel == "model.embed_tokens.weight" => ("embed.bin".into(), rel.to_string()),
+            None => ("global.bin".into(), rel.to_string()),
+        };
+        let path = self.dir.join(&file);
+        let ld = super::layer::read_file(&path, &crate::experts::BufPool::new(0))?;
+        ld.raw_tensor(&entry)
+            .map_err(|e| Error::Msg(format!("{}: {e}", path.display())))
+    }
+}
+
 /// The tensors of one group, converted to `format`; `strip` is removed from each name.
 pub fn convert_group(
     spine: &dyn TensorBytes,

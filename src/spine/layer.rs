@@ -93,6 +93,12 @@ impl LayerData {
         })
     }
 
+    /// A tensor's bytes (copied), dtype and shape.
+    pub fn raw_tensor(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+        let e = self.entry(name)?;
+        Ok((self.data(e)?.to_vec(), dtype_of(e)?, e.shape.clone()))
+    }
+
     /// Names of the tensors held.
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.entries.keys()
