@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale checks at K3's real shape on this machine (issue 12), run by .ci/run (about 8 minutes):
+# Scale checks at K3's real shape on this machine (issue 12), run by .ci/run (8-11 minutes):
 # writes the full-shape fixture (sparse, ~1.4 GB of disk), then
 #   1. `deltafin run` with default settings, a 4-token prompt and 3 decode tokens: completes, and
 #      the peak RSS it reports (VmHWM) is within the memory plan's total;

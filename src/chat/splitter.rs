@@ -15,11 +15,11 @@ pub enum Delta {
 }
 
 /// A marker: its parts, each `(text, is a special token)`.
-type Marker = &'static [(&'static str, bool)];
+pub(super) type Marker = &'static [(&'static str, bool)];
 
-const THINK_CLOSE: Marker = &[("<|close|>", true), ("think", false), ("<|sep|>", true)];
-const RESP_OPEN: Marker = &[("<|open|>", true), ("response", false), ("<|sep|>", true)];
-const RESP_CLOSE: Marker = &[
+pub(super) const THINK_CLOSE: Marker = &[("<|close|>", true), ("think", false), ("<|sep|>", true)];
+pub(super) const RESP_OPEN: Marker = &[("<|open|>", true), ("response", false), ("<|sep|>", true)];
+pub(super) const RESP_CLOSE: Marker = &[
     ("<|close|>", true),
     ("response", false),
     ("<|sep|>", true),
@@ -27,7 +27,7 @@ const RESP_CLOSE: Marker = &[
     ("message", false),
     ("<|sep|>", true),
 ];
-const EOM: Marker = &[("<|end_of_msg|>", true)];
+pub(super) const EOM: Marker = &[("<|end_of_msg|>", true)];
 
 fn text(m: Marker) -> String {
     m.iter().map(|p| p.0).collect()

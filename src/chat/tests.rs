@@ -81,18 +81,7 @@ fn attribute_values_are_escaped_and_history_renders() {
     );
 }
 
-/// Markers as token streams: special tokens whole, the words between them as ordinary text.
-const THINK_CLOSE: &[(&str, bool)] = &[("<|close|>", true), ("think", false), ("<|sep|>", true)];
-const RESP_OPEN: &[(&str, bool)] = &[("<|open|>", true), ("response", false), ("<|sep|>", true)];
-const RESP_CLOSE: &[(&str, bool)] = &[
-    ("<|close|>", true),
-    ("response", false),
-    ("<|sep|>", true),
-    ("<|close|>", true),
-    ("message", false),
-    ("<|sep|>", true),
-];
-const EOM: &[(&str, bool)] = &[("<|end_of_msg|>", true)];
+use super::splitter::{EOM, RESP_CLOSE, RESP_OPEN, THINK_CLOSE};
 
 /// Ordinary text as one token per character.
 fn chars(t: &str) -> Vec<(String, bool)> {

@@ -137,7 +137,9 @@ fn spawn_generation(
 ) -> mpsc::UnboundedReceiver<Ev> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::task::spawn_blocking(move || {
-        let _permit = permit;
+        // Released before the final event goes out, so a client that sends its next request as
+        // soon as this one completes finds the slot free (not a spurious 429).
+        let mut permit = Some(permit);
         let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
         let mut dec = StreamDecoder::new();
         let mut split = ChatSplitter::new(chat.unwrap_or(false));
@@ -200,6 +202,7 @@ fn spawn_generation(
                         }
                     }
                 }
+                drop(permit.take());
                 let _ = tx.send(Ev::Done {
                     finish,
                     prompt: ids.len(),
@@ -208,6 +211,7 @@ fn spawn_generation(
                 });
             }
             Err(e) => {
+                drop(permit.take());
                 let _ = tx.send(Ev::Failed(e.to_string()));
             }
         }
