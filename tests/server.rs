@@ -11,6 +11,9 @@ use deltafin::tokenizer::Tokenizer;
 use deltafin::K3Model;
 use serde_json::{json, Value};
 
+/// Held by the tests that measure latency or load, so they do not run alongside each other.
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn start(cfg: ServerConfig) -> SocketAddr {
     start_with(cfg, None)
 }
@@ -273,6 +276,7 @@ fn busy_queue_and_disconnect() {
 
 #[test]
 fn load_test_gives_answers_or_429() {
+    let _heavy = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     let addr = start(ServerConfig {
         queue: 8,
         max_tokens: 4,
@@ -434,6 +438,7 @@ fn queued_streams_get_keepalives_and_run_in_order() {
 /// answering within 100 ms; the tokenized prompt is over the context limit and gets 400 naming it.
 #[test]
 fn large_prompts_do_not_block_and_over_context_is_400() {
+    let _heavy = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     let addr = start_with(ServerConfig::default(), Some(2048));
     let word = "the quick brown fox jumps over the lazy dog ";
     let prompt: String = word.repeat((4 << 20) / word.len());
