@@ -229,3 +229,28 @@ fn int8_matrices_are_within_half_a_step() {
     let (a, b) = (run(&bf), run(&q));
     assert_eq!(argmax(&a[0]), argmax(&b[0]));
 }
+
+/// Converting to int8 from the BF16 store (a streaming install's only source) gives the same
+/// files as from the shards and reads each store file once, not once per tensor.
+#[test]
+fn int8_from_the_bf16_store_reads_each_file_once() {
+    use deltafin::spine::convert::{convert_spine_from, store_dir, StoreTensors};
+    let d = fixture();
+    let inv = Inventory::from_dir(d.path()).unwrap();
+    convert_spine(&inv, 10, d.path(), SpineFormat::Bf16, |_, _| {}).unwrap();
+    let from_shards = tempfile::tempdir().unwrap();
+    convert_spine(&inv, 10, from_shards.path(), SpineFormat::Int8, |_, _| {}).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let src = StoreTensors::new(store_dir(d.path(), SpineFormat::Bf16), &inv);
+    convert_spine_from(&src, &inv, 10, out.path(), SpineFormat::Int8, |_, _| {}).unwrap();
+    assert_eq!(
+        src.files_read(),
+        10 + 2,
+        "one read per layer file, global and embed"
+    );
+    for f in ["layer-000.bin", "layer-009.bin", "global.bin", "embed.bin"] {
+        let a = std::fs::read(store_dir(out.path(), SpineFormat::Int8).join(f)).unwrap();
+        let b = std::fs::read(store_dir(from_shards.path(), SpineFormat::Int8).join(f)).unwrap();
+        assert!(a == b, "{f} differs");
+    }
+}

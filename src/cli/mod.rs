@@ -421,10 +421,7 @@ fn convert(
         .all(|p| crate::spine::layer::is_complete(&p));
     let dir = if !local_shards && format == SpineFormat::Int8 && bf16_complete {
         // A streaming install has no shards: its BF16 store holds the original bytes.
-        let src = crate::spine::convert::StoreTensors {
-            dir: bf16,
-            inv: &inv,
-        };
+        let src = crate::spine::convert::StoreTensors::new(bf16, &inv);
         convert_spine_from(&src, &inv, n, root, format, |done, _| {
             bar.set_position(done as u64)
         })?
