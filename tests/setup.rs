@@ -5,6 +5,7 @@ use std::process::{Command, Output};
 
 use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::hub::mock::MockHub;
+use deltafin::spine::layer::parse_header_full;
 
 const REPO: &str = "moonshotai/Kimi-K3-nano";
 
@@ -67,7 +68,8 @@ fn stream_install_then_run_fetch_and_warm() {
     for f in std::fs::read_dir(root.join("experts")).unwrap() {
         let n = f.unwrap().file_name().to_string_lossy().into_owned();
         assert!(
-            (n.ends_with(".bin") || n.ends_with(".sum")) && !n.starts_with('.'),
+            (n.ends_with(".bin") || n.ends_with(".sum") || n == "source.json")
+                && !n.starts_with('.'),
             "no partial files: {n}"
         );
     }
@@ -84,10 +86,17 @@ fn stream_install_then_run_fetch_and_warm() {
     for f in ["layer-000.bin", "layer-005.bin", "global.bin", "embed.bin"] {
         let a = std::fs::read(root.join("deltafin-spine/int8").join(f)).unwrap();
         let b = std::fs::read(src.path().join("deltafin-spine/int8").join(f)).unwrap();
+        // The same tensors and bytes; only the recorded source differs (the install's shards
+        // are identified by the hub's ETags, the plain directory's by their headers).
+        let (ea, sa) = parse_header_full(&a, a.len(), Path::new(f)).unwrap();
+        let (eb, sb) = parse_header_full(&b, b.len(), Path::new(f)).unwrap();
+        assert_eq!(ea, eb, "{f}: the same tensors");
+        let start = ea.iter().map(|e| e.offset).min().unwrap();
         assert!(
-            a == b,
+            a[start..] == b[start..],
             "{f} differs between the streaming install and the checkpoint"
         );
+        assert!(sa.is_some() && sb.is_some() && sa != sb, "{sa:?} {sb:?}");
     }
     // The rest of this test compares BF16 tokens.
     std::fs::remove_dir_all(root.join("deltafin-spine/int8")).unwrap();

@@ -120,6 +120,8 @@ pub struct ShardHeader {
     pub header_len: u64,
     /// Tensors, sorted by start offset.
     pub tensors: Vec<HeaderTensor>,
+    /// SHA-256 of the JSON header (hex): the shard's layout identity.
+    pub header_sha256: String,
 }
 
 impl ShardHeader {
@@ -264,6 +266,7 @@ pub fn parse_header_json(json: &[u8], file_len: u64, label: &Path) -> Result<Sha
     Ok(ShardHeader {
         header_len,
         tensors,
+        header_sha256: super::source::sha256_hex(json),
     })
 }
 

@@ -46,6 +46,8 @@ pub struct ShardInfo {
     pub size: u64,
     /// JSON header length.
     pub header_len: u64,
+    /// SHA-256 of the JSON header (hex).
+    pub header_sha256: String,
 }
 
 /// All language tensors of a checkpoint.
@@ -225,6 +227,7 @@ impl Inventory {
                 file: file.clone(),
                 size,
                 header_len: h.header_len,
+                header_sha256: h.header_sha256.clone(),
             });
             for t in h.tensors {
                 if SKIPPED_PREFIXES.iter().any(|p| t.name.starts_with(p)) {

@@ -7,9 +7,11 @@ pub mod fixture;
 pub mod header;
 pub mod inventory;
 pub mod rng;
+pub mod source;
 pub mod tiktoken_fixture;
 
 pub use experts::{ExpertIndex, ExpertLayout, ExpertSpan};
 pub use files::ShardFiles;
 pub use header::{ShardHeader, StDtype};
 pub use inventory::{Inventory, ShardInfo, TensorInfo};
+pub use source::Source;

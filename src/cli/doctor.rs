@@ -175,10 +175,16 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         }
         Err(e) => return r.fail("shards", e),
     };
-    match ExpertIndex::derive_k3(&inv, &cfg) {
-        Ok(x) => r.ok("experts", format!("{} expert spans resolved", x.count())),
-        Err(e) => r.fail("experts", e),
-    }
+    let index = match ExpertIndex::derive_k3(&inv, &cfg) {
+        Ok(x) => {
+            r.ok("experts", format!("{} expert spans resolved", x.count()));
+            Some(x)
+        }
+        Err(e) => {
+            r.fail("experts", e);
+            None
+        }
+    };
     let inv = std::sync::Arc::new(inv);
     let opts = crate::model::LoadOptions::default();
     match crate::model::load::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
@@ -222,67 +228,13 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
     }
     temporaries(r, root);
     let layers = cfg.num_layers();
+    let fp = crate::checkpoint::Source::of(&inv).fingerprint();
+    r.ok("source", format!("checkpoint fingerprint {fp}"));
     for f in [SpineFormat::Int8, SpineFormat::Bf16] {
-        let d = store_dir(root, f);
-        let files: Vec<PathBuf> = (0..layers)
-            .map(|l| d.join(format!("layer-{l:03}.bin")))
-            .chain([d.join("global.bin"), d.join("embed.bin")])
-            .collect();
-        let done = files
-            .iter()
-            .filter(|p| crate::spine::layer::is_complete(p))
-            .count();
-        let what = format!("spine {}", f.dir_name());
-        if done == files.len() {
-            if verify {
-                let pool = crate::experts::BufPool::new(1);
-                // Every file, the tail (lm_head) and the embedding included.
-                let bad: Vec<String> = files
-                    .iter()
-                    .filter(|p| {
-                        crate::spine::layer::read_file(p, &pool)
-                            .and_then(|l| l.verify())
-                            .is_err()
-                    })
-                    .map(|p| p.display().to_string())
-                    .collect();
-                if bad.is_empty() {
-                    r.ok(
-                        &what,
-                        format!(
-                            "complete, checksums of {} files verified ({layers} layers, global, embed)",
-                            files.len()
-                        ),
-                    );
-                } else {
-                    r.fail(
-                        &what,
-                        format!(
-                            "checksum errors in {}: re-run the conversion",
-                            bad.join(", ")
-                        ),
-                    );
-                }
-            } else {
-                r.ok(&what, "complete");
-            }
-        } else if done == 0 {
-            r.ok(&what, "not converted (optional)");
-        } else {
-            r.warn(
-                &what,
-                format!(
-                    "{done} of {} files; resume with `deltafin {} --model-root {}`",
-                    files.len(),
-                    if f == SpineFormat::Int8 {
-                        "convert-spine-int8"
-                    } else {
-                        "convert-spine"
-                    },
-                    root.display()
-                ),
-            );
-        }
+        spine_store(r, root, f, layers, &fp, verify);
+    }
+    if let Some(index) = &index {
+        expert_cache(r, root, &inv, index);
     }
     match crate::tokenizer::Tokenizer::from_dir(root) {
         Ok(t) => r.ok("tokenizer", format!("{} ranks", t.num_ranks())),
@@ -299,6 +251,114 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         ),
         Some(b) => r.ok("disk", format!("{:.1} GB free", b as f64 / GB)),
         None => r.warn("disk", "free space unknown"),
+    }
+}
+
+/// One spine store: complete and from this checkpoint (checksums verified with `--verify`),
+/// partial, stale (built from another checkpoint) or absent.
+fn spine_store(r: &mut Report, root: &Path, f: SpineFormat, layers: usize, fp: &str, verify: bool) {
+    use crate::spine::convert::{store_files, store_state, StoreState};
+    let what = format!("spine {}", f.dir_name());
+    let convert = if f == SpineFormat::Int8 {
+        "convert-spine-int8"
+    } else {
+        "convert-spine"
+    };
+    let files: Vec<PathBuf> = store_files(&store_dir(root, f), layers);
+    match store_state(root, f, layers, fp) {
+        StoreState::Current if verify => {
+            let pool = crate::experts::BufPool::new(1);
+            // Every file, the tail (lm_head) and the embedding included.
+            let bad: Vec<String> = files
+                .iter()
+                .filter(|p| {
+                    crate::spine::layer::read_file(p, &pool)
+                        .and_then(|l| l.verify())
+                        .is_err()
+                })
+                .map(|p| p.display().to_string())
+                .collect();
+            if bad.is_empty() {
+                r.ok(
+                    &what,
+                    format!(
+                        "complete, from this checkpoint; checksums of {} files verified ({layers} layers, global, embed)",
+                        files.len()
+                    ),
+                );
+            } else {
+                r.fail(
+                    &what,
+                    format!("checksum errors in {}: re-run the conversion", bad.join(", ")),
+                );
+            }
+        }
+        StoreState::Current => r.ok(&what, "complete, from this checkpoint"),
+        StoreState::Missing => r.ok(&what, "not converted (optional)"),
+        StoreState::Partial { done, total } => r.warn(
+            &what,
+            format!(
+                "{done} of {total} files; resume with `deltafin {convert} --model-root {}`",
+                root.display()
+            ),
+        ),
+        StoreState::Stale { stale, built_from } => r.warn(
+            &what,
+            format!(
+                "{stale} file(s) were built from another checkpoint (source {}, this one is {fp}): not used; rebuild with `deltafin {convert} --model-root {}` (or re-run setup)",
+                built_from.as_deref().unwrap_or("unrecorded"),
+                root.display()
+            ),
+        ),
+    }
+}
+
+/// The streaming install's expert cache: whether every cached expert was read from the shards
+/// this checkpoint has now.
+fn expert_cache(r: &mut Report, root: &Path, inv: &Inventory, index: &ExpertIndex) {
+    let dir = crate::install::experts_dir(root);
+    if !dir.is_dir() {
+        return;
+    }
+    let Ok(c) = crate::experts::DiskCache::new(&dir, crate::experts::CacheAdvice::Auto) else {
+        return r.fail("expert cache", format!("{} is unreadable", dir.display()));
+    };
+    let cached = c.cached_experts();
+    let ids = crate::checkpoint::Source::of(inv).shard_ids();
+    let stale = match c.recorded_source() {
+        None => cached.len(),
+        Some(_) => {
+            let changed: std::collections::HashSet<String> =
+                c.changed_units(&ids).into_iter().collect();
+            cached
+                .iter()
+                .filter(|(l, e)| {
+                    index
+                        .spans
+                        .get(*l)
+                        .and_then(|s| s.get(*e))
+                        .and_then(|s| inv.shards.get(s.shard))
+                        .is_none_or(|s| changed.contains(&s.file))
+                })
+                .count()
+        }
+    };
+    if stale > 0 {
+        r.warn(
+            "expert cache",
+            format!(
+                "{stale} of {} cached experts were read from another source (a re-upload, setup at another revision, or no record): the next run removes them and fetches them again",
+                cached.len()
+            ),
+        );
+    } else {
+        r.ok(
+            "expert cache",
+            format!(
+                "{} experts, all read from this checkpoint's shards",
+                cached.len()
+            ),
+        );
     }
 }
 

@@ -415,10 +415,16 @@ fn convert(
     let n = cfg.num_layers();
     let local_shards = inv.shards.iter().all(|s| root.join(&s.file).is_file());
     let bf16 = store_dir(root, SpineFormat::Bf16);
-    let bf16_complete = (0..n)
-        .map(|l| bf16.join(format!("layer-{l:03}.bin")))
-        .chain([bf16.join("global.bin"), bf16.join("embed.bin")])
-        .all(|p| crate::spine::layer::is_complete(&p));
+    let fp = crate::checkpoint::Source::of(&inv).fingerprint();
+    let bf16_complete = crate::spine::convert::store_state(root, SpineFormat::Bf16, n, &fp)
+        == crate::spine::convert::StoreState::Current;
+    if !local_shards && !bf16_complete {
+        anyhow::bail!(
+            "{} has no shards and its BF16 spine store is not complete for this checkpoint ({}): re-run `deltafin setup` to (re)build it",
+            root.display(),
+            bf16.display()
+        );
+    }
     let dir = if !local_shards && format == SpineFormat::Int8 && bf16_complete {
         // A streaming install has no shards: its BF16 store holds the original bytes.
         let src = crate::spine::convert::StoreTensors::new(bf16, &inv);

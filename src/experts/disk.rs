@@ -100,6 +100,11 @@ impl DiskCache {
         })
     }
 
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The file of one expert.
     pub fn path(&self, layer: usize, expert: usize) -> PathBuf {
         self.dir.join(format!("L{layer}-E{expert}.bin"))

@@ -9,6 +9,7 @@ use crate::checkpoint::{ExpertIndex, ExpertSpan, Inventory, ShardFiles};
 use crate::{Error, Result};
 
 pub mod buf;
+pub mod cache_source;
 pub mod disk;
 mod prefetch;
 pub mod ram;

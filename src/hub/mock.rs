@@ -1,7 +1,10 @@
 //! A mock Hugging Face hub for tests: an in-process axum server that serves a directory at
 //! `/{owner}/{name}/resolve/{rev}/{file}` with HEAD, GET and `Range`, the headers hf-hub reads
 //! (`ETag`, `X-Repo-Commit`, `Content-Length`, `Content-Range`, `Accept-Ranges`), and fault
-//! injection for the next GET requests.
+//! injection for the next GET requests. Several commits can be served (`push_commit` makes a new
+//! one `main`, as a re-upload does). Like the hub's LFS files, a file's ETag is the SHA-256 of its
+//! content, computed once per file; files over 1 GiB (sparse K3-shape fixtures) get a
+//! size-based ETag instead, as hashing terabytes of holes would take the test's whole budget.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -20,8 +23,11 @@ use axum::Router;
 
 use crate::{Error, Result};
 
-/// The commit the mock hub reports for every file.
+/// The first commit the mock hub serves (`main` until `push_commit`).
 pub const MOCK_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// Files up to this size get a SHA-256 ETag.
+const SHA_ETAG_MAX: u64 = 1 << 30;
 
 /// A fault applied to one GET request that carries a body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +43,10 @@ pub enum Fault {
 }
 
 struct MockState {
-    root: PathBuf,
+    /// `(commit, directory)`, oldest first; the last is `main`.
+    commits: Mutex<Vec<(String, PathBuf)>>,
+    /// SHA-256 ETags by `(path, size, mtime)`.
+    etags: Mutex<std::collections::HashMap<(PathBuf, u64, std::time::SystemTime), String>>,
     repo: String,
     faults: Mutex<VecDeque<Fault>>,
     gets: AtomicUsize,
@@ -82,21 +91,28 @@ async fn resolve(
     if let Ok(mut r) = st.revisions.lock() {
         r.push(rev.clone());
     }
-    // One commit, reachable by its hash or as `main`.
-    if format!("{owner}/{name}") != st.repo
-        || (rev != "main" && rev != MOCK_COMMIT)
-        || file.split('/').any(|p| p == ".." || p.is_empty())
-    {
+    // Each commit by its hash; `main` is the newest.
+    let commit = st.commits.lock().ok().and_then(|c| {
+        c.iter()
+            .rev()
+            .find(|(h, _)| rev == "main" || *h == rev)
+            .cloned()
+    });
+    let Some((commit, root)) = commit else {
+        return status(StatusCode::NOT_FOUND);
+    };
+    if format!("{owner}/{name}") != st.repo || file.split('/').any(|p| p == ".." || p.is_empty()) {
         return status(StatusCode::NOT_FOUND);
     }
-    let path = st.root.join(&file);
+    let path = root.join(&file);
     let Ok(meta) = std::fs::metadata(&path) else {
         return status(StatusCode::NOT_FOUND);
     };
     let size = meta.len();
+    let etag = etag_of(&st, &path, &meta, &file);
     let mut b = Response::builder()
-        .header("etag", format!("\"{size:x}-{}\"", file.len()))
-        .header("x-repo-commit", MOCK_COMMIT)
+        .header("etag", format!("\"{etag}\""))
+        .header("x-repo-commit", commit)
         .header("accept-ranges", "bytes");
     if method == Method::HEAD {
         return b
@@ -136,6 +152,31 @@ async fn resolve(
     let half = full / 2;
     let stream = async_stream(chunks, fault, half);
     b.body(Body::from_stream(stream)).unwrap_or_default()
+}
+
+/// The file's SHA-256 (hex), computed once per `(path, size, mtime)`; a size-based tag for
+/// files over `SHA_ETAG_MAX`.
+fn etag_of(st: &MockState, path: &Path, meta: &std::fs::Metadata, file: &str) -> String {
+    let size = meta.len();
+    if size > SHA_ETAG_MAX {
+        return format!("{size:x}-{}", file.len());
+    }
+    let key = (
+        path.to_path_buf(),
+        size,
+        meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+    );
+    if let Some(e) = st.etags.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return e;
+    }
+    let e = match std::fs::read(path) {
+        Ok(b) => crate::checkpoint::source::sha256_hex(&b),
+        Err(_) => format!("{size:x}-{}", file.len()),
+    };
+    if let Ok(mut m) = st.etags.lock() {
+        m.insert(key, e.clone());
+    }
+    e
 }
 
 fn async_stream(
@@ -188,7 +229,8 @@ impl MockHub {
     /// Serves `dir` as `repo` on `addr` (e.g. `127.0.0.1:8090`).
     pub fn start_on(dir: &Path, repo: &str, addr: &str) -> Result<MockHub> {
         let state = Arc::new(MockState {
-            root: dir.to_path_buf(),
+            commits: Mutex::new(vec![(MOCK_COMMIT.to_string(), dir.to_path_buf())]),
+            etags: Mutex::new(std::collections::HashMap::new()),
             repo: repo.to_string(),
             faults: Mutex::new(VecDeque::new()),
             gets: AtomicUsize::new(0),
@@ -244,6 +286,14 @@ impl MockHub {
             .lock()
             .map(|r| r.clone())
             .unwrap_or_default()
+    }
+
+    /// Serves `dir` as a new commit `commit` and makes it `main` (a re-upload); earlier commits
+    /// stay reachable by their hash.
+    pub fn push_commit(&self, commit: &str, dir: &Path) {
+        if let Ok(mut c) = self.state.commits.lock() {
+            c.push((commit.to_string(), dir.to_path_buf()));
+        }
     }
 
     /// The endpoint to put in `HF_ENDPOINT`.

@@ -10,6 +10,17 @@ use hf_hub::{HFClientBuilder, HFClientSync, HFRepositorySync, RepoTypeModel};
 
 use crate::{Error, Result};
 
+/// What a HEAD request says about a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMeta {
+    /// Size in bytes.
+    pub size: u64,
+    /// ETag, normalised (the content SHA-256 for LFS files).
+    pub etag: String,
+    /// The commit the revision resolved to (empty when the hub named none).
+    pub commit: String,
+}
+
 /// One model repository on the hub.
 pub struct HubRepo {
     repo: HFRepositorySync<RepoTypeModel>,
@@ -66,20 +77,8 @@ impl HubRepo {
         )
     }
 
-    /// The size of a file (HEAD).
-    pub fn size(&self, file: &str) -> Result<u64> {
-        self.repo
-            .get_file_metadata()
-            .filepath(file)
-            .maybe_revision(self.revision.as_deref())
-            .send()
-            .map(|m| m.file_size)
-            .map_err(|e| Error::Msg(format!("{}: {e}", self.url(file))))
-    }
-
-    /// The commit this repository's revision resolves to now (the hub's `X-Repo-Commit` for
-    /// `file`).
-    pub fn commit(&self, file: &str) -> Result<String> {
+    /// A file's size, ETag and the commit the revision resolves to (one HEAD request).
+    pub fn metadata(&self, file: &str) -> Result<FileMeta> {
         let m = self
             .repo
             .get_file_metadata()
@@ -87,13 +86,29 @@ impl HubRepo {
             .maybe_revision(self.revision.as_deref())
             .send()
             .map_err(|e| Error::Msg(format!("{}: {e}", self.url(file))))?;
-        if m.commit_hash.is_empty() {
+        Ok(FileMeta {
+            size: m.file_size,
+            etag: m.etag,
+            commit: m.commit_hash,
+        })
+    }
+
+    /// The size of a file (HEAD).
+    pub fn size(&self, file: &str) -> Result<u64> {
+        self.metadata(file).map(|m| m.size)
+    }
+
+    /// The commit this repository's revision resolves to now (the hub's `X-Repo-Commit` for
+    /// `file`).
+    pub fn commit(&self, file: &str) -> Result<String> {
+        let m = self.metadata(file)?;
+        if m.commit.is_empty() {
             return Err(Error::Msg(format!(
                 "{}: the hub named no commit (X-Repo-Commit); cannot pin the install",
                 self.url(file)
             )));
         }
-        Ok(m.commit_hash)
+        Ok(m.commit)
     }
 
     /// Fetches a whole file (size checked), retrying with backoff.

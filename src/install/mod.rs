@@ -13,8 +13,10 @@ use crate::hub::HubRepo;
 use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, TensorBytes};
 use crate::{Error, K3Config, Result};
 
+mod download;
 mod lock;
 mod setup;
+pub use download::part_name;
 pub use lock::RootLock;
 pub use setup::setup;
 
@@ -41,6 +43,10 @@ pub struct Manifest {
     /// The revision asked for at setup (a branch or tag; informational).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested: Option<String>,
+    /// The fingerprint of the checkpoint installed (`checkpoint::source`): what the spine store
+    /// and the expert cache must have been built from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 /// Reads the install manifest, if any.
@@ -157,11 +163,45 @@ pub fn expert_store(
                     c
                 }
             };
+            adopt_source(&cache, &inv, &index)?;
             let hub = Arc::new(HubRepo::new(&m.repo, m.revision.clone(), None)?);
             TieredExperts::new(index, None, Some(cache), opts)?.with_hub(hub, inv)
         }
-        _ => TieredExperts::new(index, Some(inv), cache, opts),
+        _ => {
+            if let Some(c) = &cache {
+                adopt_source(c, &inv, &index)?;
+            }
+            TieredExperts::new(index, Some(inv), cache, opts)
+        }
     }
+}
+
+/// Ties an expert cache to this checkpoint's shards: cached experts read from a shard whose
+/// identity changed since they were cached are removed (they are fetched again).
+pub fn adopt_source(cache: &DiskCache, inv: &Inventory, index: &ExpertIndex) -> Result<usize> {
+    let ids = crate::checkpoint::Source::of(inv).shard_ids();
+    let shard_of: HashMap<&str, usize> = inv
+        .shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.file.as_str(), i))
+        .collect();
+    cache.adopt_source(&ids, |unit| {
+        let Some(&si) = shard_of.get(unit) else {
+            return Vec::new();
+        };
+        index
+            .spans
+            .iter()
+            .enumerate()
+            .flat_map(|(l, es)| {
+                es.iter()
+                    .enumerate()
+                    .filter(move |(_, s)| s.shard == si)
+                    .map(move |(e, _)| (l, e))
+            })
+            .collect()
+    })
 }
 
 /// Experts of the chosen MoE layers not yet in a streaming install's cache: `(layer, ids, bytes)`.

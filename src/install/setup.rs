@@ -2,13 +2,31 @@
 //! shards (full) or the dense tensors only (stream), the BF16 spine store and the manifest. A dry
 //! run stages what it reads outside the model root and writes nothing there.
 
-use std::io::Write;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::download::{download_shard, write_hub_shards};
 use super::*;
+use crate::checkpoint::source::{is_sha256, read_hub_shards, sha256_hex, HubShard};
 
 fn fetch_to(hub: &HubRepo, root: &Path, file: &str, required: bool) -> Result<bool> {
-    match hub.fetch(file) {
+    let got = hub.metadata(file).and_then(|m| {
+        let b = if m.size == 0 {
+            Vec::new()
+        } else {
+            hub.fetch_range(file, 0..m.size)?
+        };
+        // The hub's ETag is the content SHA-256 for LFS files: check it where it is one.
+        if is_sha256(&m.etag) && sha256_hex(&b) != m.etag {
+            return Err(Error::Msg(format!(
+                "{} does not match the hub's SHA-256 {}",
+                hub.url(file),
+                m.etag
+            )));
+        }
+        Ok(b)
+    });
+    match got {
         Ok(b) => {
             write_atomic(&root.join(file), &b)?;
             Ok(true)
@@ -16,44 +34,6 @@ fn fetch_to(hub: &HubRepo, root: &Path, file: &str, required: bool) -> Result<bo
         Err(e) if required => Err(e),
         Err(_) => Ok(false),
     }
-}
-
-/// Downloads one shard resumably: 64 MiB ranges appended to `<file>.part`, size-checked, fsynced,
-/// then renamed.
-fn download_shard(
-    hub: &HubRepo,
-    root: &Path,
-    file: &str,
-    size: u64,
-    bar: &indicatif::ProgressBar,
-) -> Result<()> {
-    const CHUNK: u64 = 64 << 20;
-    let dest = root.join(file);
-    if std::fs::metadata(&dest).map(|m| m.len()).ok() == Some(size) {
-        bar.inc(size);
-        return Ok(());
-    }
-    let part = root.join(format!("{file}.part"));
-    let mut have = std::fs::metadata(&part)
-        .map(|m| m.len())
-        .unwrap_or(0)
-        .min(size);
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&part)
-        .map_err(|e| Error::io(&part, e))?;
-    f.set_len(have).map_err(|e| Error::io(&part, e))?;
-    bar.inc(have);
-    while have < size {
-        let end = (have + CHUNK).min(size);
-        let b = hub.fetch_range(file, have..end)?;
-        f.write_all(&b).map_err(|e| Error::io(&part, e))?;
-        have = end;
-        bar.inc(b.len() as u64);
-    }
-    f.sync_all().map_err(|e| Error::io(&part, e))?;
-    std::fs::rename(&part, &dest).map_err(|e| Error::io(&dest, e))
 }
 
 /// Runs `setup`: metadata, shard headers, the disk plan, then the shards (full) or nothing more
@@ -77,6 +57,13 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
     // interrupted setup from a broken checkpoint).
     let started = serde_json::json!({"repo": opts.repo, "revision": opts.revision});
     write_atomic(&setup_marker(root), started.to_string().as_bytes())?;
+    // A re-run replaces the install: until it finishes, the root is an interrupted setup, not
+    // the old install with some new files.
+    match std::fs::remove_file(manifest_path(root)) {
+        Ok(()) => crate::atomic::sync_parent(&manifest_path(root))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(manifest_path(root), e)),
+    }
     let (plan, cfg, shards, sizes, hub) = plan_in(opts, root.clone(), &mut say)?;
     install(opts, plan, cfg, shards, sizes, hub)
 }
@@ -115,7 +102,7 @@ type Planned = (
     Plan,
     K3Config,
     Vec<String>,
-    serde_json::Map<String, serde_json::Value>,
+    BTreeMap<String, HubShard>,
     HubRepo,
 );
 
@@ -147,8 +134,18 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
     let hdir = remote_headers_dir(root);
     std::fs::create_dir_all(&hdir).map_err(|e| Error::io(&hdir, e))?;
     let mut sizes = serde_json::Map::new();
+    let mut metas = BTreeMap::new();
     for s in &shards {
-        let size = hub.size(s)?;
+        let m = hub.metadata(s)?;
+        let size = m.size;
+        metas.insert(
+            s.clone(),
+            HubShard {
+                size,
+                etag: m.etag,
+                verified: false,
+            },
+        );
         let head = hub.fetch_range(s, 0..8.min(size))?;
         let hlen = crate::checkpoint::header::parse_header_len(&head, size, Path::new(s))?;
         let bytes = hub.fetch_range(s, 0..8 + hlen)?;
@@ -191,7 +188,7 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
         free_bytes: free,
         expert_bytes,
     };
-    Ok((plan, cfg, shards, sizes, hub))
+    Ok((plan, cfg, shards, metas, hub))
 }
 
 /// The install itself: the shards (full) or nothing more (stream), the spine store, the
@@ -201,7 +198,7 @@ fn install(
     plan: Plan,
     cfg: K3Config,
     shards: Vec<String>,
-    sizes: serde_json::Map<String, serde_json::Value>,
+    metas: BTreeMap<String, HubShard>,
     hub: HubRepo,
 ) -> Result<Plan> {
     let root = &opts.root;
@@ -212,7 +209,7 @@ fn install(
         plan.free_bytes,
     );
     let hb = indicatif::HumanBytes;
-    let shard_bytes: u64 = sizes.values().filter_map(|v| v.as_u64()).sum();
+    let shard_bytes: u64 = metas.values().map(|m| m.size).sum();
     let needed = if mode == Mode::Full {
         full_bytes
     } else {
@@ -228,16 +225,31 @@ fn install(
     }
     match mode {
         Mode::Full => {
+            // Keep only the records of shards that are still the hub's; each shard is recorded
+            // again once it is in place and verified.
+            let mut record: BTreeMap<String, HubShard> = read_hub_shards(root)
+                .into_iter()
+                .filter(|(f, r)| {
+                    metas
+                        .get(f)
+                        .is_some_and(|m| m.etag == r.etag && m.size == r.size)
+                })
+                .collect();
+            write_hub_shards(root, &record)?;
             let bar = crate::progress::bytes_bar(shard_bytes, "downloading shards");
             for s in &shards {
-                let size = sizes.get(s).and_then(|v| v.as_u64()).unwrap_or(0);
-                download_shard(&hub, root, s, size, &bar)?;
+                let Some(want) = metas.get(s) else { continue };
+                let got = download_shard(&hub, root, s, want, record.get(s), &bar)?;
+                record.insert(s.clone(), got);
+                write_hub_shards(root, &record)?;
             }
             bar.finish_and_clear();
             let inv = Inventory::from_dir(root)?;
             convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
         }
         Mode::Stream => {
+            // No shard is local: the hub's ETags identify them (and the expert bytes fetched).
+            write_hub_shards(root, &metas)?;
             let inv = Inventory::from_dir(root)?;
             let remote = RemoteTensors {
                 hub: &hub,
@@ -253,8 +265,9 @@ fn install(
                 |d, _| bar.set_position(d as u64),
             )?;
             bar.finish_and_clear();
-            std::fs::create_dir_all(experts_dir(root))
-                .map_err(|e| Error::io(experts_dir(root), e))?;
+            // Experts cached from shards this upload changed are dropped now, not at first use.
+            let cache = DiskCache::new(&experts_dir(root), CacheAdvice::Auto)?;
+            adopt_source(&cache, &inv, &ExpertIndex::derive_k3(&inv, &cfg)?)?;
         }
     }
     let m = Manifest {
@@ -266,6 +279,7 @@ fn install(
         repo: opts.repo.clone(),
         revision: Some(hub.revision().to_string()),
         requested: opts.revision.clone(),
+        fingerprint: Some(crate::checkpoint::Source::of(&Inventory::from_dir(root)?).fingerprint()),
     };
     write_atomic(
         &manifest_path(root),

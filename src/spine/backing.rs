@@ -6,8 +6,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::convert::{global_names, is_small, layer_names, store_dir, SpineFormat};
-use super::layer::{is_complete, packed_len, parse_header, read_file_sized, Entry, LayerData};
+use super::convert::{
+    global_names, is_small, layer_names, store_dir, store_state, SpineFormat, StoreState,
+};
+use super::layer::{packed_len, parse_header, read_file_sized, Entry, LayerData};
 use super::source::{Spine, SpineChoice};
 use super::ShardSpine;
 use crate::checkpoint::{Inventory, StDtype};
@@ -127,25 +129,58 @@ impl Spine {
         num_layers: usize,
         choice: SpineChoice,
     ) -> Result<(Backing, SpineFormat)> {
-        let complete = |f: SpineFormat| {
-            let d = store_dir(root, f);
-            (0..num_layers).all(|l| is_complete(&d.join(format!("layer-{l:03}.bin"))))
-                && is_complete(&d.join("global.bin"))
-                && is_complete(&d.join("embed.bin"))
+        let fp = crate::checkpoint::Source::of(inv).fingerprint();
+        let state = |f: SpineFormat| store_state(root, f, num_layers, &fp);
+        let shards_local = inv.shards.iter().all(|s| inv.dir.join(&s.file).is_file());
+        let stale = |f: SpineFormat, st: &StoreState| {
+            let StoreState::Stale { stale, built_from } = st else {
+                return None;
+            };
+            Some(format!(
+                "the {} spine store in {} was built from another checkpoint ({stale} file(s) from source {}; this checkpoint is {fp}): {}",
+                f.dir_name(),
+                store_dir(root, f).display(),
+                built_from.as_deref().unwrap_or("unrecorded"),
+                match f {
+                    SpineFormat::Int8 => format!("run `deltafin convert-spine-int8 --model-root {}` to rebuild it", root.display()),
+                    SpineFormat::Bf16 if shards_local => format!("run `deltafin convert-spine --model-root {}` to rebuild it", root.display()),
+                    SpineFormat::Bf16 => "re-run `deltafin setup` to rebuild it".to_string(),
+                }
+            ))
         };
-        Ok(match choice {
-            SpineChoice::Int8 if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
-            SpineChoice::Int8 => {
-                return Err(Error::Msg(format!(
-                    "no complete row-int8 spine in {}: run `deltafin convert-spine-int8 --model-root {}` first",
-                    store_dir(root, SpineFormat::Int8).display(),
-                    root.display()
-                )))
+        let (int8, bf16) = (state(SpineFormat::Int8), state(SpineFormat::Bf16));
+        let files = |f| (Backing::Files(store_dir(root, f)), f);
+        if choice == SpineChoice::Int8 {
+            return match &int8 {
+                StoreState::Current => Ok(files(SpineFormat::Int8)),
+                st => Err(Error::Msg(stale(SpineFormat::Int8, st).unwrap_or_else(|| {
+                    format!(
+                        "no complete row-int8 spine in {}: run `deltafin convert-spine-int8 --model-root {}` first",
+                        store_dir(root, SpineFormat::Int8).display(),
+                        root.display()
+                    )
+                }))),
+            };
+        }
+        if choice == SpineChoice::Auto && int8 == StoreState::Current {
+            return Ok(files(SpineFormat::Int8));
+        }
+        if bf16 == StoreState::Current {
+            return Ok(files(SpineFormat::Bf16));
+        }
+        // Never a store from another checkpoint: say so, and read the shards when they are here.
+        for (f, st) in [(SpineFormat::Int8, &int8), (SpineFormat::Bf16, &bf16)] {
+            if let Some(msg) = stale(f, st) {
+                if !shards_local {
+                    return Err(Error::Msg(msg));
+                }
+                tracing::warn!("{msg}; reading the spine from the shards meanwhile");
             }
-            SpineChoice::Auto if complete(SpineFormat::Int8) => (Backing::Files(store_dir(root, SpineFormat::Int8)), SpineFormat::Int8),
-            _ if complete(SpineFormat::Bf16) => (Backing::Files(store_dir(root, SpineFormat::Bf16)), SpineFormat::Bf16),
-            _ => (Backing::Shards(ShardSpine::new(inv.clone())), SpineFormat::Bf16),
-        })
+        }
+        Ok((
+            Backing::Shards(ShardSpine::new(inv.clone())),
+            SpineFormat::Bf16,
+        ))
     }
 
     pub(super) fn layer_sizes(backing: &Backing, inv: &Inventory, num_layers: usize) -> Vec<u64> {

@@ -1,11 +1,13 @@
 //! Writing the spine store: one file per layer (`layer-NNN.bin`), the tail (`global.bin`:
 //! final norm, output AttnRes, lm_head) and the embedding (`embed.bin`), in BF16 (the original
-//! bytes) or row-int8. Resumable: complete files are kept, each file is written atomically.
+//! bytes) or row-int8. Resumable: complete files built from the same checkpoint (its
+//! fingerprint, `checkpoint::source`) are kept, files from another checkpoint are rebuilt, and
+//! each file is written atomically.
 
 use std::path::{Path, PathBuf};
 
 use super::dense::quantize_row_int8;
-use super::layer::{is_complete, write_file};
+use super::layer::{file_source, is_current, write_file};
 use super::{to_f32, ShardSpine};
 use crate::checkpoint::{Inventory, StDtype};
 use crate::{Error, Result};
@@ -78,6 +80,7 @@ impl TensorBytes for ShardSpine {
 pub struct StoreTensors<'a> {
     dir: PathBuf,
     inv: &'a Inventory,
+    fingerprint: String,
     open: std::sync::Mutex<Option<(PathBuf, super::layer::LayerData)>>,
     reads: std::sync::atomic::AtomicUsize,
 }
@@ -88,6 +91,7 @@ impl<'a> StoreTensors<'a> {
         StoreTensors {
             dir,
             inv,
+            fingerprint: crate::checkpoint::Source::of(inv).fingerprint(),
             open: std::sync::Mutex::new(None),
             reads: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -119,6 +123,14 @@ impl TensorBytes for StoreTensors<'_> {
         if open.as_ref().is_none_or(|(p, _)| *p != path) {
             *open = None; // free the previous file before reading the next
             let ld = super::layer::read_file(&path, &crate::experts::BufPool::new(0))?;
+            if ld.source() != Some(self.fingerprint.as_str()) {
+                return Err(Error::Msg(format!(
+                    "{} was built from another checkpoint (source {}, the checkpoint is {}): re-run `deltafin setup` to rebuild the BF16 store first",
+                    path.display(),
+                    ld.source().unwrap_or("unrecorded"),
+                    self.fingerprint
+                )));
+            }
             self.reads
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             *open = Some((path.clone(), ld));
@@ -188,6 +200,73 @@ pub fn store_dir(root: &Path, format: SpineFormat) -> PathBuf {
     root.join("deltafin-spine").join(format.dir_name())
 }
 
+/// The files of a store for `num_layers` layers: every layer, then `global.bin`, `embed.bin`.
+pub fn store_files(dir: &Path, num_layers: usize) -> Vec<PathBuf> {
+    (0..num_layers)
+        .map(|l| dir.join(format!("layer-{l:03}.bin")))
+        .chain([dir.join("global.bin"), dir.join("embed.bin")])
+        .collect()
+}
+
+/// What a spine store holds relative to the checkpoint with fingerprint `source`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreState {
+    /// Every file complete and built from this checkpoint.
+    Current,
+    /// No complete file at all.
+    Missing,
+    /// `done` of `total` files complete and current; none from another checkpoint.
+    Partial {
+        /// Current files.
+        done: usize,
+        /// All files.
+        total: usize,
+    },
+    /// `stale` complete files were built from another checkpoint (or record none).
+    Stale {
+        /// Files from another checkpoint.
+        stale: usize,
+        /// A source one of them records (`None`: unrecorded, an older deltafin).
+        built_from: Option<String>,
+    },
+}
+
+/// The state of the `format` store under `root` for a checkpoint of `num_layers` layers whose
+/// fingerprint is `source`.
+pub fn store_state(
+    root: &Path,
+    format: SpineFormat,
+    num_layers: usize,
+    source: &str,
+) -> StoreState {
+    let files = store_files(&store_dir(root, format), num_layers);
+    let (mut done, mut stale, mut built_from) = (0, 0, None);
+    for p in &files {
+        match file_source(p) {
+            Some(Some(s)) if s == source => done += 1,
+            Some(other) => {
+                stale += 1;
+                if built_from.is_none() {
+                    built_from = other;
+                }
+            }
+            None => {}
+        }
+    }
+    if stale > 0 {
+        StoreState::Stale { stale, built_from }
+    } else if done == files.len() {
+        StoreState::Current
+    } else if done == 0 {
+        StoreState::Missing
+    } else {
+        StoreState::Partial {
+            done,
+            total: files.len(),
+        }
+    }
+}
+
 /// Converts the spine of the checkpoint in `inv` into `store_dir(out_root, format)`, skipping
 /// files that are already complete; `progress(done, total)` is called after each file.
 pub fn convert_spine(
@@ -219,34 +298,43 @@ pub fn convert_spine_from(
             t.display()
         );
     }
+    let fp = crate::checkpoint::Source::of(inv).fingerprint();
+    if let StoreState::Stale { stale, built_from } = store_state(out_root, format, num_layers, &fp)
+    {
+        tracing::warn!(
+            "{stale} file(s) in {} were built from another checkpoint (source {}); rebuilding them from {fp}",
+            dir.display(),
+            built_from.as_deref().unwrap_or("unrecorded")
+        );
+    }
     let total = num_layers + 2;
     let mut done = 0;
     for l in 0..num_layers {
         let path = dir.join(format!("layer-{l:03}.bin"));
-        if !is_complete(&path) {
+        if !is_current(&path, &fp) {
             let names = layer_names(inv, l);
             let tensors = convert_group(spine, &names, &inv.layer_name(l, ""), format)?;
-            write_file(&path, &tensors)?;
+            write_file(&path, &tensors, &fp)?;
         }
         done += 1;
         progress(done, total);
     }
     let global = dir.join("global.bin");
-    if !is_complete(&global) {
+    if !is_current(&global, &fp) {
         let tensors = convert_group(spine, &global_names(inv), &inv.prefix, format)?;
-        write_file(&global, &tensors)?;
+        write_file(&global, &tensors, &fp)?;
     }
     done += 1;
     progress(done, total);
     let embed = dir.join("embed.bin");
-    if !is_complete(&embed) {
+    if !is_current(&embed, &fp) {
         let tensors = convert_group(
             spine,
             &[inv.name("model.embed_tokens.weight")],
             &inv.prefix,
             SpineFormat::Bf16,
         )?;
-        write_file(&embed, &tensors)?;
+        write_file(&embed, &tensors, &fp)?;
     }
     progress(total, total);
     Ok(dir)

@@ -2,8 +2,9 @@
 //! read) or gathered from the shards; and the spine file format.
 //!
 //! File format (`layer-NNN.bin`, `global.bin`, `embed.bin`): `DFSPINE1`, a little-endian u64
-//! header length, a JSON header `{"version":1,"tensors":[{"name","dtype","shape","offset","len",
-//! "checksum"}]}`, zero padding to 4096 bytes, then the tensors, each at a 64-byte aligned
+//! header length, a JSON header `{"version":1,"source":"<checkpoint fingerprint>","tensors":
+//! [{"name","dtype","shape","offset","len","checksum"}]}` (`source`: see
+//! `checkpoint::source`; a file without it is of unknown origin and never current), zero padding to 4096 bytes, then the tensors, each at a 64-byte aligned
 //! absolute `offset`. Row-int8 matrices are stored as `I8` under their name plus an `F16`
 //! `[rows]` tensor named `<name>.row_scale`.
 
@@ -47,6 +48,8 @@ pub struct Entry {
 pub struct LayerData {
     buf: ExpertBuf,
     entries: HashMap<String, Entry>,
+    /// The checkpoint fingerprint the file was built from (`None`: a packed or legacy buffer).
+    source: Option<String>,
     /// The same bytes on the compute device (a template layer or a pinned copy), if any.
     device: Option<crate::gpu::DeviceLayer>,
 }
@@ -69,6 +72,7 @@ impl LayerData {
         LayerData {
             buf: ExpertBuf::owned(buf),
             entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+            source: None,
             device: None,
         }
     }
@@ -89,8 +93,15 @@ impl LayerData {
         Ok(LayerData {
             buf,
             entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+            source: None,
             device: None,
         })
+    }
+
+    /// The checkpoint fingerprint the file this came from records (`None` for a buffer packed
+    /// from the shards or a file of unknown origin).
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
     }
 
     /// A tensor's bytes (copied), dtype and shape.
@@ -249,13 +260,17 @@ fn place<'a>(
 }
 
 /// The header bytes (magic, length, JSON, padding) and the total file size for `tensors`.
-fn header_for(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)]) -> (Vec<u8>, Vec<Entry>, usize) {
+fn header_for(
+    tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)],
+    source: &str,
+) -> (Vec<u8>, Vec<Entry>, usize) {
     // The header's own size fixes the data start; offsets do not change the JSON length much,
     // so iterate until the data start is stable.
     let mut data_start = DATA_ALIGN;
     loop {
         let (entries, end) = layout(tensors, data_start);
-        let json = serde_json::json!({"version": 1, "tensors": entries}).to_string();
+        let json =
+            serde_json::json!({"version": 1, "source": source, "tensors": entries}).to_string();
         let need = (16 + json.len()).div_ceil(DATA_ALIGN) * DATA_ALIGN;
         if need <= data_start {
             let mut h = MAGIC.to_vec();
@@ -268,10 +283,15 @@ fn header_for(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)]) -> (Vec<u8>, V
     }
 }
 
-/// Writes a spine file atomically (temporary name, fsync, rename).
-pub fn write_file(path: &Path, tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)]) -> Result<()> {
+/// Writes a spine file built from the checkpoint with fingerprint `source` atomically
+/// (temporary name, fsync, rename).
+pub fn write_file(
+    path: &Path,
+    tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)],
+    source: &str,
+) -> Result<()> {
     use std::io::Write;
-    let (header, entries, end) = header_for(tensors);
+    let (header, entries, end) = header_for(tensors, source);
     crate::checkpoint::fixture::write_atomic_with(path, |w| {
         w.write_all(&header).map_err(|e| Error::io(path, e))?;
         let mut pos = header.len();
@@ -288,6 +308,15 @@ pub fn write_file(path: &Path, tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)
 
 /// Parses a spine file's header from its first bytes.
 pub fn parse_header(bytes: &[u8], file_len: usize, path: &Path) -> Result<Vec<Entry>> {
+    parse_header_full(bytes, file_len, path).map(|(e, _)| e)
+}
+
+/// `parse_header` and the checkpoint fingerprint the file records (if any).
+pub fn parse_header_full(
+    bytes: &[u8],
+    file_len: usize,
+    path: &Path,
+) -> Result<(Vec<Entry>, Option<String>)> {
     let bad = |m: String| Error::Shard {
         path: path.to_path_buf(),
         msg: m,
@@ -307,6 +336,7 @@ pub fn parse_header(bytes: &[u8], file_len: usize, path: &Path) -> Result<Vec<En
         serde_json::from_slice(json).map_err(|e| bad(format!("header is not JSON: {e}")))?;
     let entries: Vec<Entry> = serde_json::from_value(v["tensors"].clone())
         .map_err(|e| bad(format!("bad header: {e}")))?;
+    let source = v["source"].as_str().map(String::from);
     for e in &entries {
         if e.offset.checked_add(e.len).is_none_or(|end| end > file_len) {
             return Err(bad(format!(
@@ -330,7 +360,7 @@ pub fn parse_header(bytes: &[u8], file_len: usize, path: &Path) -> Result<Vec<En
             )));
         }
     }
-    Ok(entries)
+    Ok((entries, source))
 }
 
 /// Reads a whole spine file with one sequential read into a pooled aligned buffer.
@@ -344,35 +374,41 @@ pub fn read_file_sized(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<L
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
     let mut buf = pool.take_sized(len, cap)?;
     f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
-    let entries = parse_header(&buf, len, path)?;
+    let (entries, source) = parse_header_full(&buf, len, path)?;
     Ok(LayerData {
         buf,
         entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+        source,
         device: None,
     })
 }
 
-/// Whether `path` holds a complete spine file (header parses and every tensor fits).
-pub fn is_complete(path: &Path) -> bool {
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return false;
-    };
-    let Ok(len) = f.metadata().map(|m| m.len() as usize) else {
-        return false;
-    };
+/// What a spine file on disk is: absent or broken (`None`), or complete with the checkpoint
+/// fingerprint it records (`Some(None)` when it records none).
+pub fn file_source(path: &Path) -> Option<Option<String>> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len() as usize;
     let mut head = vec![0u8; DATA_ALIGN.min(len)];
     if f.read_exact(&mut head).is_err() || head.len() < 16 {
-        return false;
+        return None;
     }
     let n = u64::from_le_bytes(head[8..16].try_into().unwrap_or([0; 8])) as usize;
-    if 16 + n > head.len() {
-        let mut more = vec![0u8; (16 + n).min(len) - head.len()];
-        if f.read_exact(&mut more).is_err() {
-            return false;
-        }
+    if 16usize.saturating_add(n) > head.len() {
+        let mut more = vec![0u8; 16usize.saturating_add(n).min(len) - head.len()];
+        f.read_exact(&mut more).ok()?;
         head.extend(more);
     }
-    parse_header(&head, len, path).is_ok()
+    parse_header_full(&head, len, path).ok().map(|(_, s)| s)
+}
+
+/// Whether `path` holds a complete spine file (header parses and every tensor fits).
+pub fn is_complete(path: &Path) -> bool {
+    file_source(path).is_some()
+}
+
+/// Whether `path` holds a complete spine file built from the checkpoint `source`.
+pub fn is_current(path: &Path, source: &str) -> bool {
+    file_source(path).is_some_and(|s| s.as_deref() == Some(source))
 }
 
 #[cfg(test)]

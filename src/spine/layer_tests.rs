@@ -19,7 +19,7 @@ fn mutated_headers_never_panic() {
         ("m.row_scale".to_string(), StDtype::F16, vec![3], sc),
         ("n".to_string(), StDtype::BF16, vec![8], bf),
     ];
-    write_file(&p, &tensors).unwrap();
+    write_file(&p, &tensors, "fp").unwrap();
     let good = std::fs::read(&p).unwrap();
     let hlen = u64::from_le_bytes(good[8..16].try_into().unwrap()) as usize;
     let json = String::from_utf8(good[16..16 + hlen].to_vec()).unwrap();
@@ -83,10 +83,15 @@ fn file_round_trip() {
             2.5f32.to_le_bytes().to_vec(),
         ),
     ];
-    write_file(&p, &tensors).unwrap();
+    write_file(&p, &tensors, "fp-a").unwrap();
     assert!(is_complete(&p));
+    // The file records the checkpoint it came from; another checkpoint's is not current.
+    assert!(is_current(&p, "fp-a"));
+    assert!(!is_current(&p, "fp-b"));
+    assert_eq!(file_source(&p), Some(Some("fp-a".to_string())));
     let pool = BufPool::new(2);
     let ld = read_file(&p, &pool).unwrap();
+    assert_eq!(ld.source(), Some("fp-a"));
     ld.verify().unwrap();
     assert_eq!(ld.values("b", &[1]).unwrap(), vec![2.5]);
     let m = ld.matrix("a.weight", 2, 3).unwrap();
@@ -96,5 +101,6 @@ fn file_round_trip() {
     let bytes = std::fs::read(&p).unwrap();
     std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
     assert!(!is_complete(&p));
+    assert!(!is_current(&p, "fp-a"));
     assert!(read_file(&p, &pool).is_err());
 }
