@@ -118,13 +118,51 @@ pub fn order_shards(names: &[String], dir: &Path) -> Result<Vec<String>> {
         }
     }
     let have: Vec<usize> = parsed.iter().map(|p| p.0).collect();
-    let missing: Vec<usize> = (1..=total)
-        .filter(|i| have.binary_search(i).is_err())
-        .collect();
-    if !missing.is_empty() || have.iter().any(|&i| i == 0 || i > total) {
-        return Err(err(format!("shards missing or out of range: expected 1..={total}, missing {missing:?} (incomplete download?)")));
+    if have.len() != total || have.iter().any(|&i| i == 0 || i > total) {
+        // The first few missing indices, found without walking a claimed count (which comes
+        // from a file name and may be 99999999999): `have` is sorted, so they lie within the
+        // first `have.len() + 5` numbers.
+        let missing: Vec<usize> = (1..=total)
+            .filter(|i| have.binary_search(i).is_err())
+            .take(5)
+            .collect();
+        let more = if total.saturating_sub(have.len()) > missing.len() {
+            " and more"
+        } else {
+            ""
+        };
+        return Err(err(format!(
+            "shards missing or out of range: expected 1..={total}, {} named, missing {missing:?}{more} (incomplete download?)",
+            have.len()
+        )));
     }
     Ok(parsed.into_iter().map(|p| p.2).collect())
+}
+
+/// The ordered shard files `model.safetensors.index.json` (its bytes) names for `dir`.
+pub fn shards_from_index(text: &[u8], dir: &Path) -> Result<Vec<String>> {
+    let index = dir.join("model.safetensors.index.json");
+    let v: serde_json::Value = serde_json::from_slice(text).map_err(|e| Error::Json {
+        path: index.clone(),
+        source: e,
+    })?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| Error::Checkpoint {
+            dir: dir.to_path_buf(),
+            msg: "model.safetensors.index.json has no weight_map object".into(),
+        })?;
+    let mut names: Vec<String> = map
+        .values()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect();
+    names.sort();
+    names.dedup();
+    order_shards(&names, dir).map_err(|e| Error::Checkpoint {
+        dir: dir.to_path_buf(),
+        msg: format!("model.safetensors.index.json: {e}"),
+    })
 }
 
 /// Lists the shard files of a model directory: from `model.safetensors.index.json` when present,
@@ -133,27 +171,7 @@ pub fn discover_shards(dir: &Path) -> Result<Vec<String>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read(&index).map_err(|e| Error::io(&index, e))?;
-        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| Error::Json {
-            path: index.clone(),
-            source: e,
-        })?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| Error::Checkpoint {
-                dir: dir.to_path_buf(),
-                msg: "model.safetensors.index.json has no weight_map object".into(),
-            })?;
-        let mut names: Vec<String> = map
-            .values()
-            .filter_map(|v| v.as_str().map(String::from))
-            .collect();
-        names.sort();
-        names.dedup();
-        return order_shards(&names, dir).map_err(|e| Error::Checkpoint {
-            dir: dir.to_path_buf(),
-            msg: format!("model.safetensors.index.json: {e}"),
-        });
+        return shards_from_index(&text, dir);
     }
     let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
     let mut names = Vec::new();

@@ -54,8 +54,13 @@ pub fn hub_shards_path(root: &Path) -> PathBuf {
 pub fn read_hub_shards(root: &Path) -> BTreeMap<String, HubShard> {
     std::fs::read(hub_shards_path(root))
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+        .and_then(|b| parse_hub_shards(&b))
         .unwrap_or_default()
+}
+
+/// Parses a `shards.json` record (`None` if it is not one).
+pub fn parse_hub_shards(bytes: &[u8]) -> Option<BTreeMap<String, HubShard>> {
+    serde_json::from_slice(bytes).ok()
 }
 
 /// The identity of one shard.
@@ -149,6 +154,14 @@ pub fn read_ids(path: &Path) -> Result<Option<BTreeMap<String, String>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(path, e)),
     }
+}
+
+/// Parses a recorded `shard_ids` map (`path` names it in errors).
+pub fn parse_ids(bytes: &[u8], path: &Path) -> Result<BTreeMap<String, String>> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Json {
+        path: path.to_path_buf(),
+        source: e,
+    })
 }
 
 #[cfg(test)]

@@ -51,7 +51,14 @@ pub struct Manifest {
 
 /// Reads the install manifest, if any.
 pub fn read_manifest(root: &Path) -> Option<Manifest> {
-    serde_json::from_slice(&std::fs::read(manifest_path(root)).ok()?).ok()
+    Manifest::parse(&std::fs::read(manifest_path(root)).ok()?)
+}
+
+impl Manifest {
+    /// Parses `install.json` (`None` if it is not a manifest).
+    pub fn parse(bytes: &[u8]) -> Option<Manifest> {
+        serde_json::from_slice(bytes).ok()
+    }
 }
 
 /// The raw-span expert cache directory of an install.
