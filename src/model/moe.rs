@@ -2,8 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use rayon::prelude::*;
-
 use candle::Tensor;
 
 use super::ops::{rms_norm, situ};
@@ -170,21 +168,29 @@ impl Moe {
             }
             return Ok(());
         }
-        // One expert per task, each single-threaded: fewer hand-offs than splitting every
-        // GEMV's rows, and each output is the same whatever thread computes it.
-        let outs: Vec<Vec<f32>> = ids
-            .par_iter()
-            .zip(bytes)
-            .map(|(e, b)| -> Result<Vec<f32>> {
-                let ex = Mxfp4Expert::from_span(b, self.inter, r)?;
-                let rs = &rows[e];
-                let mut zin = Vec::with_capacity(rs.len() * r);
-                for &ti in rs {
-                    zin.extend_from_slice(&z[ti * r..(ti + 1) * r]);
-                }
-                ex.forward(kernel, &zin, rs.len(), self.beta, self.linear_beta, false)
+        // Each expert's input rows gathered, then run with the shared expert threading.
+        let inputs: Vec<Vec<f32>> = ids
+            .iter()
+            .map(|e| {
+                rows[e]
+                    .iter()
+                    .flat_map(|&ti| z[ti * r..(ti + 1) * r].iter().copied())
+                    .collect()
             })
-            .collect::<Result<_>>()?;
+            .collect();
+        let jobs = ids
+            .iter()
+            .zip(bytes)
+            .zip(&inputs)
+            .map(|((e, b), zin)| {
+                Ok((
+                    Mxfp4Expert::from_span(b, self.inter, r)?,
+                    &zin[..],
+                    rows[e].len(),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let outs = Mxfp4Expert::forward_all(kernel, &jobs, self.beta, self.linear_beta)?;
         for (e, y) in ids.iter().zip(&outs) {
             for (k, &ti) in rows[e].iter().enumerate() {
                 ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
