@@ -1,5 +1,6 @@
-//! Crashes at random points: `setup --stream`, `fetch-experts` and `convert-spine-int8` are
-//! killed (SIGKILL) at random moments, 50 times in all; after each kill `doctor` must not report
+//! Crashes at random points: `setup --stream`, `fetch-experts`, `setup --full` (shard downloads,
+//! SHA-256 checks, the BF16 conversion) and `convert-spine-int8` are killed (SIGKILL) at random
+//! moments, 65 times in all; after each kill `doctor` must not report
 //! a failure, and finishing the job afterwards must give files byte-identical to a run that was
 //! never interrupted.
 
@@ -105,6 +106,11 @@ fn killed_writers_leave_a_root_that_resumes_to_identical_files() {
     plain(&want_plain_root);
     let t_int8 = finish(&hub, &int8, &want_plain_root);
     let want_plain = files(&want_plain_root);
+    let full = ["setup", "--full", "--repo", REPO];
+    let want_full_root = clean.path().join("full");
+    let t_full = finish(&hub, &full, &want_full_root);
+    let want_full = files(&want_full_root);
+    assert!(want_full.keys().any(|k| k.ends_with(".safetensors")));
     assert!(want_plain
         .keys()
         .any(|k| k.starts_with("deltafin-spine/int8/")));
@@ -154,6 +160,20 @@ fn killed_writers_leave_a_root_that_resumes_to_identical_files() {
             &want_plain,
             &format!("round {round}, int8 conversion"),
         );
+        let froot = d.path().join("full");
+        for _ in 0..3 {
+            kill_at_random(&hub, &full, &froot, &mut rng, t_full);
+            kills += 1;
+            if froot.join("config.json").is_file() {
+                doctor_ok(&froot);
+            }
+        }
+        finish(&hub, &full, &froot);
+        same(
+            files(&froot),
+            &want_full,
+            &format!("round {round}, full install"),
+        );
     }
-    assert_eq!(kills, 50);
+    assert_eq!(kills, 65);
 }
