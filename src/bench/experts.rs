@@ -80,9 +80,13 @@ pub(crate) fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
     Ok(total as f64 / 1e9 / t0.elapsed().as_secs_f64())
 }
 
-/// Reads each job's parts (`(shard, [(start, len)])`, one expert each) with `r` threads,
-/// `O_DIRECT`, job `k` on thread `k % r`; returns when all are read.
-fn raw_read_jobs(inv: &Inventory, jobs: &[(usize, Vec<(u64, u64)>)], r: usize) -> Result<()> {
+/// Reads each job's parts (`(file index in paths, [(start, len)])`, e.g. one expert each) with
+/// `r` threads, `O_DIRECT`, job `k` on thread `k % r`; returns when all are read.
+pub(crate) fn raw_read_jobs(
+    paths: &[std::path::PathBuf],
+    jobs: &[(usize, Vec<(u64, u64)>)],
+    r: usize,
+) -> Result<()> {
     const CHUNK: usize = 16 << 20;
     let r = r.clamp(1, jobs.len().max(1));
     std::thread::scope(|sc| -> Result<()> {
@@ -93,7 +97,10 @@ fn raw_read_jobs(inv: &Inventory, jobs: &[(usize, Vec<(u64, u64)>)], r: usize) -
                     let mut open: Option<(usize, std::fs::File)> = None;
                     for (shard, parts) in jobs.iter().skip(t).step_by(r) {
                         if open.as_ref().is_none_or(|(s, _)| s != shard) {
-                            open = Some((*shard, open_direct(&inv.shard_path(*shard))?));
+                            let p = paths
+                                .get(*shard)
+                                .ok_or_else(|| Error::Msg(format!("raw read: no file {shard}")))?;
+                            open = Some((*shard, open_direct(p)?));
                         }
                         let Some((_, f)) = &open else { continue };
                         for &(start, len) in parts {
@@ -103,7 +110,7 @@ fn raw_read_jobs(inv: &Inventory, jobs: &[(usize, Vec<(u64, u64)>)], r: usize) -
                                 let n = ((end - off) as usize).min(CHUNK);
                                 let got = f
                                     .read_at(&mut buf.slice()[..n], off)
-                                    .map_err(|e| Error::io(inv.shard_path(*shard), e))?;
+                                    .map_err(|e| Error::io(&paths[*shard], e))?;
                                 if got == 0 {
                                     break;
                                 }
@@ -197,6 +204,7 @@ pub fn experts_bench(
     };
     // The bound for r readers: the same experts' bytes, layer by layer, split over r threads
     // reading `O_DIRECT` (the store's split), with nothing else in the way.
+    let paths: Vec<std::path::PathBuf> = (0..inv.shards.len()).map(|s| inv.shard_path(s)).collect();
     let raw_parallel_once = |r: usize| -> Result<f64> {
         drop_all()?;
         let t0 = Instant::now();
@@ -206,7 +214,7 @@ pub fn experts_bench(
                 .filter_map(|&e| index.span(*l, e))
                 .map(|s| (s.shard, s.parts.clone()))
                 .collect();
-            raw_read_jobs(&inv, &jobs, r)?;
+            raw_read_jobs(&paths, &jobs, r)?;
         }
         Ok(bytes as f64 / 1e9 / t0.elapsed().as_secs_f64())
     };
