@@ -10,9 +10,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use deltafin::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
-use deltafin::tokenizer::{StreamDecoder, Tokenizer};
-use deltafin::{GenerateOptions, Generator, K3Model};
+use deltafin::chat::{ChatOptions, Delta, Effort, Message};
+use deltafin::{Engine, EngineOptions, GenerateOptions};
 
 fn model_root(arg: Option<String>) -> anyhow::Result<PathBuf> {
     if let Some(p) = arg.or_else(|| std::env::var("DELTAFIN_MODEL_ROOT").ok()) {
@@ -41,17 +40,15 @@ fn main() -> anyhow::Result<()> {
     let thinking = !args.iter().any(|a| a == "--no-thinking");
     let show_reasoning = args.iter().any(|a| a == "--show-reasoning");
     let root = model_root(args.iter().find(|a| !a.starts_with("--")).cloned())?;
-    // Metal when built with `--features metal` on a Mac, else the CPU.
-    let device = deltafin::gpu::select(deltafin::gpu::DeviceChoice::Auto)?;
-    // Under the memory plan (printed first): what is pinned, the RAM tier, the context limit.
-    let model = K3Model::open_with(&root, &device, &Default::default(), |p| eprintln!("{p}"))?;
-    let tok = Tokenizer::from_dir(&root)?;
+    // Metal when built with `--features metal` on a Mac, else the CPU; under the memory plan
+    // (printed first): what is pinned, the RAM tier, the context limit.
+    let engine = Engine::open_with(&root, &EngineOptions::default(), |p| eprintln!("{p}"))?;
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();
         ctrlc::set_handler(move || c.store(true, Ordering::SeqCst))?;
     }
-    let opts = ChatOptions {
+    let chat = ChatOptions {
         thinking,
         effort: if thinking {
             Some(Effort::resolve(None)?)
@@ -66,10 +63,11 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(256);
     let gen_opts = GenerateOptions {
         max_new,
-        stop_ids: vec![model.config().eos_token_id],
+        stop_ids: vec![engine.eos()],
     };
     let dim = std::io::stderr().is_terminal();
-    let mut history: Vec<Message> = Vec::new();
+    // One session for the whole chat: each turn feeds only what is new.
+    let mut session = engine.session(chat);
     let stdin = std::io::stdin();
     eprint!("> ");
     for line in stdin.lock().lines() {
@@ -79,57 +77,34 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         cancel.store(false, Ordering::SeqCst);
-        history.push(Message::new("user", line.trim()));
-        let ids = encode_segments(&tok, &render(&history, &opts)?);
-        let mut state = model.new_state();
-        let mut dec = StreamDecoder::new();
-        let mut split = ChatSplitter::new(thinking);
-        let (mut reasoning, mut content) = (String::new(), String::new());
         let mut out = std::io::stdout();
-        let mut show = |d: Vec<Delta>, reasoning: &mut String, content: &mut String| {
-            for x in d {
-                match x {
-                    Delta::Reasoning(t) => {
-                        if show_reasoning || dim {
-                            if dim {
-                                eprint!("\x1b[2m{t}\x1b[0m");
-                            } else {
-                                eprint!("{t}");
-                            }
-                        }
-                        reasoning.push_str(&t);
-                    }
-                    Delta::Content(t) => {
-                        let _ = write!(out, "{t}");
-                        let _ = out.flush();
-                        content.push_str(&t);
-                    }
+        let turn = session.chat_turn(
+            &[Message::new("user", line.trim())],
+            &gen_opts,
+            &cancel,
+            &mut |l: &[f32]| deltafin::generate::argmax(l),
+            |d| match d {
+                Delta::Reasoning(t) if dim => eprint!("\x1b[2m{t}\x1b[0m"),
+                Delta::Reasoning(t) if show_reasoning => eprint!("{t}"),
+                Delta::Reasoning(_) => {}
+                Delta::Content(t) => {
+                    let _ = write!(out, "{t}");
+                    let _ = out.flush();
                 }
-            }
-        };
-        let gen = Generator::new(&model).generate(&mut state, &ids, &gen_opts, &cancel, |id| {
-            show(
-                split.push_id(&tok, &mut dec, id),
-                &mut reasoning,
-                &mut content,
-            );
-        })?;
-        let mut rest = split.push(&dec.finish());
-        rest.extend(split.finish());
-        show(rest, &mut reasoning, &mut content);
+            },
+        )?;
         println!();
-        let steps = gen.generated_ids.len().saturating_sub(1).max(1);
+        let g = &turn.generation;
+        let steps = g.generated_ids.len().saturating_sub(1).max(1);
         eprintln!(
-            "[{} tokens, {:?}; prefill {:.0} ms for {} tokens, decode {:.2} ms/token]",
-            gen.generated_ids.len(),
-            gen.stop,
-            gen.prefill_ms,
-            ids.len(),
-            gen.decode_ms / steps as f64
+            "[{} tokens, {:?}; prefill {:.0} ms for {} new tokens ({} in the session), decode {:.2} ms/token]",
+            g.generated_ids.len(),
+            g.stop,
+            g.prefill_ms,
+            g.prompt_ids.len(),
+            session.tokens().len(),
+            g.decode_ms / steps as f64
         );
-        let mut reply = Message::new("assistant", &content);
-        reply.reasoning_content = Some(reasoning);
-        history.push(reply);
         eprint!("> ");
     }
     Ok(())

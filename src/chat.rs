@@ -137,6 +137,30 @@ fn end_of_message(out: &mut Vec<Segment>) {
 
 /// Renders a conversation and the generation prompt into segments.
 pub fn render(messages: &[Message], opts: &ChatOptions) -> Result<Vec<Segment>> {
+    let mut out = preamble(opts)?;
+    out.extend(render_continuation(messages, opts)?);
+    Ok(out)
+}
+
+/// The segments that end an assistant turn the model left in `phase` (cut short by a token
+/// limit): the open blocks closed as the full rendering would close them, then
+/// `<|end_of_msg|>`. With `phase` `Done` (the message was closed) only `<|end_of_msg|>`.
+pub fn close_turn(phase: Phase) -> Vec<Segment> {
+    let mut out = Vec::new();
+    if phase == Phase::Reasoning {
+        close_tag(&mut out, "think");
+        open_tag(&mut out, "response", &[]);
+    }
+    if phase != Phase::Done {
+        close_tag(&mut out, "response");
+        close_tag(&mut out, "message");
+    }
+    end_of_message(&mut out);
+    out
+}
+
+/// The system preamble `render` starts with (tool declarations, the thinking effort).
+fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
     let mut out = Vec::new();
     if let Some(tools) = &opts.tools {
         open_tag(
@@ -167,6 +191,13 @@ pub fn render(messages: &[Message], opts: &ChatOptions) -> Result<Vec<Segment>> 
             end_of_message(&mut out);
         }
     }
+    Ok(out)
+}
+
+/// Messages appended to an already rendered conversation, then the generation prompt: what a
+/// session feeds for a new turn (no preamble).
+pub fn render_continuation(messages: &[Message], opts: &ChatOptions) -> Result<Vec<Segment>> {
+    let mut out = Vec::new();
     for m in messages {
         match m.role.as_str() {
             "user" | "system" => {
@@ -240,7 +271,7 @@ pub fn segments_text(segs: &[Segment]) -> String {
 }
 
 mod splitter;
-pub use splitter::{ChatSplitter, Delta};
+pub use splitter::{ChatSplitter, Delta, Phase};
 
 #[cfg(test)]
 mod tests;

@@ -29,6 +29,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod experts;
 pub mod generate;
@@ -44,6 +45,7 @@ pub mod spine;
 pub mod tokenizer;
 
 pub use config::K3Config;
+pub use engine::{ChatTurn, Engine, EngineOptions, Session, SessionSnapshot};
 pub use error::{Error, Result};
 pub use experts::ExpertProvider;
 pub use generate::{GenerateOptions, Generation, Generator, StopReason};

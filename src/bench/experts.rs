@@ -3,7 +3,6 @@
 //! reads them), measured in the same run; and, for reference, one sequential stream over each
 //! layer's whole expert run.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
@@ -28,48 +27,18 @@ pub struct ExpertsBenchOptions {
     pub runs: usize,
 }
 
-/// A page-aligned buffer for O_DIRECT reads.
-struct Aligned {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl Aligned {
-    fn new(len: usize) -> Result<Self> {
-        let layout =
-            Layout::from_size_align(len.max(4096), 4096).map_err(|e| Error::Msg(e.to_string()))?;
-        // SAFETY: non-zero size, valid alignment.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::Msg("out of memory for the O_DIRECT buffer".into()));
-        }
-        Ok(Aligned { ptr, layout })
-    }
-    fn slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr points to layout.size() initialised bytes owned by self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { dealloc(self.ptr, self.layout) }
-    }
-}
-
 /// Sequential O_DIRECT read of `[start, end)` of `path` in 16 MiB requests; returns GB/s.
 pub(crate) fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
     const CHUNK: usize = 16 << 20;
     let f = open_direct(path)?;
-    let mut buf = Aligned::new(CHUNK)?;
+    let mut buf = crate::experts::buf::AlignedBuf::new(CHUNK)?;
     let (a, b) = (start & !4095, end.div_ceil(4096) * 4096);
     let t0 = Instant::now();
     let mut off = a;
     let mut total = 0u64;
     while off < b {
         let n = f
-            .read_at(buf.slice(), off)
+            .read_at(&mut buf[..], off)
             .map_err(|e| Error::io(path, e))?;
         if n == 0 {
             break;
@@ -93,7 +62,7 @@ pub(crate) fn raw_read_jobs(
         let hs: Vec<_> = (0..r)
             .map(|t| {
                 sc.spawn(move || -> Result<()> {
-                    let mut buf = Aligned::new(CHUNK)?;
+                    let mut buf = crate::experts::buf::AlignedBuf::new(CHUNK)?;
                     let mut open: Option<(usize, std::fs::File)> = None;
                     for (shard, parts) in jobs.iter().skip(t).step_by(r) {
                         if open.as_ref().is_none_or(|(s, _)| s != shard) {
@@ -109,7 +78,7 @@ pub(crate) fn raw_read_jobs(
                             while off < end {
                                 let n = ((end - off) as usize).min(CHUNK);
                                 let got = f
-                                    .read_at(&mut buf.slice()[..n], off)
+                                    .read_at(&mut buf[..n], off)
                                     .map_err(|e| Error::io(&paths[*shard], e))?;
                                 if got == 0 {
                                     break;

@@ -33,10 +33,14 @@ fn text(m: Marker) -> String {
     m.iter().map(|p| p.0).collect()
 }
 
+/// Where an assistant reply is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub enum Phase {
+    /// In the think block.
     Reasoning,
+    /// In the response block.
     Content,
+    /// The message was closed.
     Done,
 }
 
@@ -122,6 +126,11 @@ impl ChatSplitter {
     /// Whether the end of the message was seen.
     pub fn done(&self) -> bool {
         self.phase == Phase::Done
+    }
+
+    /// Where the reply is now.
+    pub fn phase(&self) -> Phase {
+        self.phase
     }
 
     /// Feeds ordinary text (no special tokens); returns the deltas that are now certain.

@@ -94,14 +94,6 @@ fn host(r: &mut Report) {
     }
 }
 
-fn free_bytes(dir: &Path) -> Option<u64> {
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: a valid NUL-terminated path and a zeroed out-struct.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0)
-        .then(|| s.f_bavail as u64 * s.f_frsize as u64)
-}
-
 /// Temporaries an interrupted writer left in the root's directories.
 fn temporaries(r: &mut Report, root: &Path) {
     let dirs = [
@@ -240,7 +232,7 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         Ok(t) => r.ok("tokenizer", format!("{} ranks", t.num_ranks())),
         Err(e) => r.fail("tokenizer", e),
     }
-    match free_bytes(root) {
+    match crate::install::fs_free(root) {
         Some(b) if b < 50_000_000_000 => r.warn(
             "disk",
             format!(

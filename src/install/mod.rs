@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checkpoint::fixture::write_atomic;
+use crate::atomic::write_atomic;
 use crate::checkpoint::inventory::{discover_shards, remote_headers_dir};
 use crate::checkpoint::{ExpertIndex, Inventory, StDtype};
 use crate::experts::{CacheAdvice, DiskCache, TieredExperts, TieredOptions};
@@ -106,7 +106,8 @@ pub struct Plan {
     pub expert_bytes: u64,
 }
 
-/// Free bytes on the filesystem of `path` (`DELTAFIN_DISK_FREE` overrides, for tests).
+/// Free bytes on the filesystem of `path` (`DELTAFIN_DISK_FREE` overrides, for tests; 0 when
+/// unknown).
 pub fn free_bytes(path: &Path) -> u64 {
     if let Some(v) = std::env::var("DELTAFIN_DISK_FREE")
         .ok()
@@ -114,19 +115,17 @@ pub fn free_bytes(path: &Path) -> u64 {
     {
         return v;
     }
+    fs_free(path).unwrap_or(0)
+}
+
+/// Free bytes on the filesystem of `path` for an unprivileged user (`statvfs`), if known.
+pub fn fs_free(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return 0;
-    };
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
-    unsafe {
-        let mut s: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut s) == 0 {
-            s.f_bavail as u64 * s.f_frsize as u64
-        } else {
-            0
-        }
-    }
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0)
+        .then(|| s.f_bavail as u64 * s.f_frsize as u64)
 }
 
 /// Tensor bytes fetched by range from the hub.

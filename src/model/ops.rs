@@ -20,22 +20,11 @@ pub fn sigmoid(x: &Tensor) -> candle::Result<Tensor> {
     candle_nn::ops::sigmoid(x)
 }
 
-/// SiLU `x·σ(x)`.
-pub fn silu(x: &Tensor) -> candle::Result<Tensor> {
-    x * sigmoid(x)?
-}
-
 /// SiTU: `((tanh(g/β)·β)·σ(g)) · (tanh(u/β_lin)·β_lin)`.
 pub fn situ(g: &Tensor, u: &Tensor, beta: f64, linear_beta: f64) -> candle::Result<Tensor> {
     let gate = ((g / beta)?.tanh()? * beta)?.mul(&sigmoid(g)?)?;
     let up = ((u / linear_beta)?.tanh()? * linear_beta)?;
     gate.mul(&up)
-}
-
-/// `x / max(‖x‖₂, 1e-12)` over the last dimension.
-pub fn l2_normalize(x: &Tensor) -> candle::Result<Tensor> {
-    let n = x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
-    x.broadcast_div(&n)
 }
 
 /// `dims` with the last dimension set to `n`: the shape of `x · Wᵀ` for `W` with `n` rows.
@@ -80,18 +69,4 @@ pub fn matvec_io(
         tokens: (end - start).checked_div(cols).unwrap_or(0),
         shape: Shape::from(with_last_dim(dims, rows)),
     })
-}
-
-/// `x · Wᵀ` for `x` `[.., in]` and `W` `[out, in]` (f32).
-pub fn linear(x: &Tensor, w: &Tensor) -> candle::Result<Tensor> {
-    let dims = x.dims();
-    let inp = *dims.last().unwrap_or(&0);
-    let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
-    let y = x.reshape((rows, inp))?.matmul(&w.t()?)?;
-    y.reshape(with_last_dim(dims, w.dim(0)?))
-}
-
-/// Ensures f32.
-pub fn f32(x: &Tensor) -> candle::Result<Tensor> {
-    x.to_dtype(DType::F32)
 }

@@ -292,7 +292,7 @@ pub fn write_file(
 ) -> Result<()> {
     use std::io::Write;
     let (header, entries, end) = header_for(tensors, source);
-    crate::checkpoint::fixture::write_atomic_with(path, |w| {
+    crate::atomic::write_atomic_with(path, |w| {
         w.write_all(&header).map_err(|e| Error::io(path, e))?;
         let mut pos = header.len();
         for (e, (_, _, _, b)) in entries.iter().zip(tensors) {

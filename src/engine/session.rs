@@ -1,0 +1,227 @@
+//! `Session`: one sequence on an `Engine`. It owns the sequence state, the tokens that state
+//! holds, the one generated token not yet fed (a reply's last token is chosen but never run),
+//! and the chat history. A chat turn feeds only what is new: the previous reply's last token,
+//! the closing of that reply if a token limit cut it short, and the new messages rendered
+//! without the preamble; the whole history is re-rendered only when the state cannot be
+//! continued (after a prefill was cancelled part-way). Must not assemble stores or spines.
+
+use std::sync::atomic::AtomicBool;
+
+use super::Engine;
+use crate::chat::{
+    close_turn, encode_segments, render, render_continuation, ChatOptions, ChatSplitter, Delta,
+    Message, Phase,
+};
+use crate::generate::{GenerateOptions, Generation, Generator};
+use crate::model::SeqState;
+use crate::tokenizer::StreamDecoder;
+use crate::Result;
+
+/// What a chat turn produced.
+#[derive(Debug, Clone)]
+pub struct ChatTurn {
+    /// The generation (prompt ids fed this turn, generated ids, stop reason, timings).
+    pub generation: Generation,
+    /// The reply's reasoning.
+    pub reasoning: String,
+    /// The reply's answer.
+    pub content: String,
+}
+
+/// A session's saved position: restoring it continues from exactly here.
+#[derive(Debug, Clone)]
+pub struct SessionSnapshot {
+    state: SeqState,
+    fed: Vec<u32>,
+    pending: Option<u32>,
+    history: Vec<Message>,
+    phase: Phase,
+}
+
+/// One sequence on an engine.
+pub struct Session<'e> {
+    engine: &'e Engine,
+    chat: ChatOptions,
+    state: SeqState,
+    /// The tokens `state` holds (`state.pos == fed.len()`).
+    fed: Vec<u32>,
+    /// The last generated token, chosen but not yet fed.
+    pending: Option<u32>,
+    history: Vec<Message>,
+    /// Where the last reply ended.
+    phase: Phase,
+}
+
+impl<'e> Session<'e> {
+    pub(super) fn new(engine: &'e Engine, chat: ChatOptions) -> Self {
+        Session {
+            engine,
+            chat,
+            state: engine.model().new_state(),
+            fed: Vec::new(),
+            pending: None,
+            history: Vec::new(),
+            phase: Phase::Done,
+        }
+    }
+
+    /// The tokens the sequence holds, the last generated one included.
+    pub fn tokens(&self) -> Vec<u32> {
+        self.fed.iter().copied().chain(self.pending).collect()
+    }
+
+    /// The chat history (every message of every turn).
+    pub fn history(&self) -> &[Message] {
+        &self.history
+    }
+
+    /// The sequence state (positions consumed, per-layer caches).
+    pub fn state(&self) -> &SeqState {
+        &self.state
+    }
+
+    /// Feeds `ids` (after the pending token, if any) and returns the last position's logits.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let input: Vec<u32> = self
+            .pending
+            .take()
+            .into_iter()
+            .chain(ids.iter().copied())
+            .collect();
+        let logits = self.engine.model().forward(&input, &mut self.state)?;
+        self.fed.extend_from_slice(&input);
+        Ok(logits.to_vec1::<f32>()?)
+    }
+
+    /// Feeds one token and returns the next logits.
+    pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
+        self.prefill(&[id])
+    }
+
+    /// Continues the sequence with `ids` (after the pending token) and generates; `choose`
+    /// picks each token from the logits.
+    pub fn generate(
+        &mut self,
+        ids: &[u32],
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
+        let input: Vec<u32> = self
+            .pending
+            .take()
+            .into_iter()
+            .chain(ids.iter().copied())
+            .collect();
+        let before = self.state.pos;
+        let g = Generator::new(self.engine.model()).generate_with(
+            &mut self.state,
+            &input,
+            opts,
+            cancel,
+            choose,
+            on_token,
+        )?;
+        // The state holds the input and every generated token but the last. If not (the
+        // prefill was cancelled part-way, or nothing ran), the session starts over: the next
+        // chat turn re-renders the history.
+        let mut held = input;
+        held.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
+        if !g.generated_ids.is_empty() && self.state.pos == before + held.len() {
+            self.fed.extend(held);
+            self.pending = g.generated_ids.last().copied();
+        } else {
+            self.reset_state();
+        }
+        Ok(g)
+    }
+
+    /// One chat turn: appends `messages` (usually one user message), generates the reply with
+    /// `choose`, streams it to `on_delta` as reasoning and answer deltas, and appends it to the
+    /// history. Only the new turn is fed when the session holds the conversation so far.
+    pub fn chat_turn(
+        &mut self,
+        messages: &[Message],
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+        mut on_delta: impl FnMut(Delta),
+    ) -> Result<ChatTurn> {
+        let tok = self.engine.tokenizer();
+        let eos = self.engine.eos();
+        let ids = if self.fed.is_empty() && self.pending.is_none() {
+            self.history.extend_from_slice(messages);
+            encode_segments(tok, &render(&self.history, &self.chat)?)
+        } else {
+            // The previous reply ended with its end-of-message token (still pending), or was
+            // cut short: close it as the full rendering would, after its last token.
+            let mut segs = Vec::new();
+            if self.pending != Some(eos) {
+                segs = close_turn(self.phase);
+            }
+            segs.extend(render_continuation(messages, &self.chat)?);
+            self.history.extend_from_slice(messages);
+            encode_segments(tok, &segs)
+        };
+        let mut dec = StreamDecoder::new();
+        let mut split = ChatSplitter::new(self.chat.thinking);
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        let mut emit = |d: Vec<Delta>, reasoning: &mut String, content: &mut String| {
+            for x in d {
+                match &x {
+                    Delta::Reasoning(t) => reasoning.push_str(t),
+                    Delta::Content(t) => content.push_str(t),
+                }
+                on_delta(x);
+            }
+        };
+        let g = self.generate(&ids, opts, cancel, choose, |id| {
+            emit(
+                split.push_id(tok, &mut dec, id),
+                &mut reasoning,
+                &mut content,
+            )
+        })?;
+        let mut rest = split.push(&dec.finish());
+        rest.extend(split.finish());
+        emit(rest, &mut reasoning, &mut content);
+        self.phase = split.phase();
+        let mut reply = Message::new("assistant", &content);
+        reply.reasoning_content = Some(reasoning.clone());
+        self.history.push(reply);
+        Ok(ChatTurn {
+            generation: g,
+            reasoning,
+            content,
+        })
+    }
+
+    /// Saves the session's position (the state's buffers are shared copy-on-write).
+    pub fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot {
+            state: self.state.snapshot(),
+            fed: self.fed.clone(),
+            pending: self.pending,
+            history: self.history.clone(),
+            phase: self.phase,
+        }
+    }
+
+    /// Returns to a saved position.
+    pub fn restore(&mut self, s: &SessionSnapshot) {
+        self.state = s.state.snapshot();
+        self.fed = s.fed.clone();
+        self.pending = s.pending;
+        self.history = s.history.clone();
+        self.phase = s.phase;
+    }
+
+    /// Drops the sequence state (the history stays): the next chat turn re-renders it all.
+    fn reset_state(&mut self) {
+        self.state = self.engine.model().new_state();
+        self.fed.clear();
+        self.pending = None;
+        self.phase = Phase::Done;
+    }
+}
