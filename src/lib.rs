@@ -8,15 +8,33 @@
 //! `generate` (greedy/sampled decoding), `install` (setup from the hub) and `server`
 //! (OpenAI-compatible HTTP).
 //!
-//! ```no_run
-//! use deltafin::{checkpoint::{ExpertIndex, Inventory}, K3Config};
+//! The front door is an [`Engine`] (one loaded model under the memory plan) and its
+//! [`Session`]s (one conversation each; a turn feeds only what is new). On K3-nano, the
+//! built-in random-weight model of K3's exact format:
+//!
+//! ```
+//! use std::sync::atomic::AtomicBool;
+//! use deltafin::chat::{ChatOptions, Delta, Message};
+//! use deltafin::{Engine, EngineOptions, GenerateOptions};
 //! # fn main() -> deltafin::Result<()> {
-//! let dir = std::path::Path::new("/tmp/k3-nano");
-//! deltafin::checkpoint::fixture::write_nano(dir, &Default::default())?;
-//! let cfg = K3Config::from_file(&dir.join("config.json"))?;
-//! let inv = Inventory::from_dir(dir)?;
-//! let experts = ExpertIndex::derive_k3(&inv, &cfg)?;
-//! println!("{} tensors, {} experts", inv.len(), experts.count());
+//! let root = std::env::temp_dir().join(format!("deltafin-doc-nano-{}", std::process::id()));
+//! deltafin::checkpoint::fixture::write_nano(&root, &Default::default())?;
+//! let engine = Engine::open(&root, &EngineOptions::default())?;
+//! let mut session = engine.session(ChatOptions::default());
+//! let opts = GenerateOptions { max_new: 8, stop_ids: vec![engine.eos()] };
+//! let cancel = AtomicBool::new(false);
+//! for question in ["Hello!", "What is 2+2?"] {
+//!     let turn = session.chat_turn(
+//!         &[Message::new("user", question)],
+//!         &opts,
+//!         &cancel,
+//!         &mut |logits: &[f32]| deltafin::generate::argmax(logits),
+//!         |delta| if let Delta::Content(text) = delta { print!("{text}") },
+//!     )?;
+//!     println!("\n({} tokens fed, {} generated)", turn.generation.prompt_ids.len(),
+//!         turn.generation.generated_ids.len());
+//! }
+//! # std::fs::remove_dir_all(&root).ok();
 //! # Ok(()) }
 //! ```
 
