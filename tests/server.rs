@@ -25,7 +25,7 @@ fn start_with(cfg: ServerConfig, context: Option<usize>) -> SocketAddr {
         model.set_context_limit(c);
     }
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let state = AppState::new(model, tok, cfg);
+    let state = AppState::new(deltafin::Engine::from_parts(model, tok, &dir), cfg);
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();

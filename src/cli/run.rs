@@ -9,10 +9,10 @@ use clap::Args;
 use crate::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
 use crate::experts::ExpertStats;
 use crate::model::RouterTrace;
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::tokenizer::StreamDecoder;
 use crate::{GenerateOptions, Generator};
 
-pub use super::store::{load_model, StoreArgs};
+pub use super::store::{load_engine, StoreArgs};
 
 /// Arguments of `run`.
 #[derive(Debug, Clone, Args)]
@@ -80,7 +80,8 @@ fn stats_line(i: usize, s: &ExpertStats) -> String {
 
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
-    let mut model = load_model(&a.model_root, &a.store, 0)?;
+    let mut engine = load_engine(&a.model_root, &a.store, 0)?;
+    let model = engine.model_mut();
     model.router_trace = match &a.router_trace {
         Some(p) => Some(RouterTrace::create(p)?),
         None => RouterTrace::from_env(&std::env::current_dir()?)?,
@@ -98,10 +99,8 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let tok = match &a.prompt {
-        Some(_) => Some(Tokenizer::from_dir(&a.model_root)?),
-        None => None,
-    };
+    let (model, tok) = (engine.model(), Some(engine.tokenizer()));
+    let tok = tok.filter(|_| a.prompt.is_some());
     let thinking = a.chat && !a.no_thinking;
     let prompt_ids: Vec<u32> = match (&a.prompt, &tok) {
         (Some(p), Some(t)) if a.chat => {
@@ -309,8 +308,7 @@ pub struct ServeArgs {
 
 /// Runs `deltafin serve`.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
-    let model = load_model(&a.model_root, &a.store, 1)?;
-    let tok = Tokenizer::from_dir(&a.model_root)?;
+    let engine = load_engine(&a.model_root, &a.store, 1)?;
     let cfg = crate::server::ServerConfig {
         model_id: a.model_id.clone(),
         max_tokens: a.max_tokens.max(1),
@@ -318,7 +316,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         body_limit: a.body_limit_mb.max(1) << 20,
         ..Default::default()
     };
-    let state = crate::server::AppState::new(model, tok, cfg);
+    let state = crate::server::AppState::new(engine, cfg);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,5 +1,6 @@
 //! The store, spine and memory flags shared by every command that runs the model, and
-//! `load_model`: the model under the memory plan, with the startup report (the plan as a table).
+//! `load_engine`: the engine under the memory plan, with the startup report (the plan as a
+//! table).
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +9,7 @@ use clap::Args;
 use crate::experts::{CacheAdvice, DiskCache, TieredOptions};
 use crate::model::LoadOptions;
 use crate::spine::source::SpineChoice;
-use crate::K3Model;
+use crate::{Engine, EngineOptions, K3Model};
 
 /// Expert-store, spine and memory settings shared by the commands that run the model.
 #[derive(Debug, Clone, Args)]
@@ -109,17 +110,20 @@ impl StoreArgs {
     }
 }
 
-/// Loads the model under the memory plan and prints the startup report on stderr (the plan as
+/// Opens the engine under the memory plan and prints the startup report on stderr (the plan as
 /// a table, the device, the expert tiers and the spine).
-pub fn load_model(root: &Path, store: &StoreArgs, saved_states: usize) -> anyhow::Result<K3Model> {
-    let opts = store.load_options(saved_states)?;
-    let device = crate::gpu::select(store.device)?;
-    let model = K3Model::open_with(root, &device, &opts, |p| eprintln!("{p}"))?;
+pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyhow::Result<Engine> {
+    let opts = EngineOptions {
+        load: store.load_options(saved_states)?,
+        device: store.device,
+    };
+    let engine = Engine::open_with(root, &opts, |p| eprintln!("{p}"))?;
+    let model = engine.model();
     let r = model.spine().report();
     let ram = model.plan().map(|p| p.expert_ram).unwrap_or(0);
     eprintln!(
         "device: {} (host: {} threads, MXFP4 kernel {}); experts: RAM tier {:.2} GB{}{}, {} readers, prefetch {}",
-        crate::gpu::describe(&device),
+        crate::gpu::describe(model.device()),
         rayon::current_num_threads(),
         model.options.kernel.name(),
         ram as f64 / 1e9,
@@ -158,7 +162,7 @@ pub fn load_model(root: &Path, store: &StoreArgs, saved_states: usize) -> anyhow
             indicatif::HumanBytes(bytes)
         );
     }
-    Ok(model)
+    Ok(engine)
 }
 
 /// Peak resident memory (`VmHWM`) and the plan's total, for end-of-run reports.

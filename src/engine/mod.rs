@@ -69,6 +69,12 @@ impl Engine {
         &self.model
     }
 
+    /// The model, to attach observers (router trace, layer profile) or change the context
+    /// limit before sessions start.
+    pub fn model_mut(&mut self) -> &mut K3Model {
+        &mut self.model
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tok

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 use crate::chat::{encode_segments, render, ChatOptions, Delta, Effort};
 use crate::tokenizer::Tokenizer;
-use crate::K3Model;
+use crate::Engine;
 use queue::{reserve, start, Ev};
 use validate::{ApiError, Sampling};
 
@@ -61,8 +61,7 @@ impl Default for ServerConfig {
 
 /// Shared server state.
 pub struct AppState {
-    model: Arc<K3Model>,
-    tok: Arc<Tokenizer>,
+    engine: Arc<Engine>,
     cfg: ServerConfig,
     slot: Arc<Semaphore>,
     waiting: AtomicUsize,
@@ -72,11 +71,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State over a loaded model and its tokenizer.
-    pub fn new(model: K3Model, tok: Tokenizer, cfg: ServerConfig) -> Arc<Self> {
+    /// State over an opened engine.
+    pub fn new(engine: Engine, cfg: ServerConfig) -> Arc<Self> {
         Arc::new(AppState {
-            model: Arc::new(model),
-            tok: Arc::new(tok),
+            engine: Arc::new(engine),
             cfg,
             slot: Arc::new(Semaphore::new(1)),
             waiting: AtomicUsize::new(0),
@@ -291,10 +289,10 @@ async fn launch(
     // The request's max_tokens (else the endpoint's default), never above the server ceiling.
     let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
     let ticket = reserve(st)?;
-    let tok = st.tok.clone();
+    let engine = st.engine.clone();
     // The place is held by the tokenizing thread itself: a client that leaves cannot free it
     // while its prompt is still being tokenized.
-    let (ids, ticket) = tokio::task::spawn_blocking(move || (tokenize(&tok), ticket))
+    let (ids, ticket) = tokio::task::spawn_blocking(move || (tokenize(engine.tokenizer()), ticket))
         .await
         .map_err(|e| ApiError {
             status: 500,
@@ -302,7 +300,7 @@ async fn launch(
             param: None,
             kind: "server_error",
         })?;
-    let limit = st.model.context_limit();
+    let limit = st.engine.model().context_limit();
     if ids.len() >= limit {
         return Err(ApiError::bad(
             param,

@@ -145,7 +145,7 @@ fn spawn_generation(
         let mut split = ChatSplitter::new(chat.unwrap_or(false));
         let opts = GenerateOptions {
             max_new,
-            stop_ids: vec![st.model.config().eos_token_id],
+            stop_ids: vec![st.engine.eos()],
         };
         let send = |d: Vec<Delta>, cancel: &AtomicBool| {
             for x in d {
@@ -159,17 +159,20 @@ fn spawn_generation(
             (Some(_), Some((seq, snap))) if ids.len() > seq.len() && ids.starts_with(&seq) => {
                 (snap, seq.len())
             }
-            _ => (st.model.new_state(), 0),
+            _ => (st.engine.model().new_state(), 0),
         };
-        let res = Generator::new(&st.model).generate_with(
+        let res = Generator::new(st.engine.model()).generate_with(
             &mut state,
             &ids[start..],
             &opts,
             &cancel,
             &mut |l: &[f32]| sampler.choose(l),
             |id| match chat {
-                Some(_) => send(split.push_id(&st.tok, &mut dec, id), &cancel),
-                None => send(vec![Delta::Content(dec.push(&st.tok, id))], &cancel),
+                Some(_) => send(split.push_id(st.engine.tokenizer(), &mut dec, id), &cancel),
+                None => send(
+                    vec![Delta::Content(dec.push(st.engine.tokenizer(), id))],
+                    &cancel,
+                ),
             },
         );
         match res {
