@@ -159,7 +159,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         }
     };
     let gen =
-        Generator::new(&model).generate(&mut state, &prompt_ids, &gen_opts, &cancel, |id| {
+        Generator::new(model).generate(&mut state, &prompt_ids, &gen_opts, &cancel, |id| {
             // This token's expert statistics, read once for --stats and the event stream.
             let token_stats = (a.stats || events.on()).then(|| {
                 let now = model.expert_stats().unwrap_or_default();
@@ -211,7 +211,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "prefill_ms": gen.prefill_ms,
             "decode_ms_per_token": gen.decode_ms / decode_steps as f64,
             "experts": model.expert_stats(),
-            "memory": super::store::memory_report(&model),
+            "memory": super::store::memory_report(model),
         }),
     )?;
     if !a.json && tok.is_some() {
@@ -233,7 +233,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "generated_ids": gen.generated_ids,
             "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
             "stop": gen.stop,
-            "memory": super::store::memory_report(&model),
+            "memory": super::store::memory_report(model),
         });
         println!("{v}");
     } else {
