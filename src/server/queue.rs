@@ -155,11 +155,9 @@ fn spawn_generation(
             }
         };
         // Conversation reuse: continue from the last chat's state when this prompt extends it.
-        let (mut state, start) = match (chat, st.last.lock().ok().and_then(|l| l.clone())) {
-            (Some(_), Some((seq, snap))) if ids.len() > seq.len() && ids.starts_with(&seq) => {
-                (snap, seq.len())
-            }
-            _ => (st.engine.model().new_state(), 0),
+        let (mut state, start) = match chat.and_then(|_| st.conversation.resume(&ids)) {
+            Some(resumed) => resumed,
+            None => (st.engine.model().new_state(), 0),
         };
         let res = Generator::new(st.engine.model()).generate_with(
             &mut state,
@@ -200,9 +198,7 @@ fn spawn_generation(
                     // Saved only when the state really holds exactly those tokens (with
                     // `max_new == 0` nothing was prefilled at all).
                     if state.pos == seq.len() {
-                        if let Ok(mut l) = st.last.lock() {
-                            *l = Some((seq, state));
-                        }
+                        st.conversation.save(seq, state);
                     }
                 }
                 drop(permit.take());

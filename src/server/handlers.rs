@@ -1,0 +1,229 @@
+//! The HTTP handlers: `/v1/models`, `/v1/chat/completions` and `/v1/completions`. Each
+//! validates its body, reserves a place in the queue, tokenizes off the runtime, checks the
+//! context limit and answers through `sse` (streaming) or `collect`. No generation code here.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::queue::{reserve, start, Ev};
+use super::sse::{collect, sse, ChunkFn};
+use super::validate::{self, ApiError, Sampling};
+use super::{error, AppState};
+use crate::chat::{encode_segments, render, ChatOptions, Delta, Effort};
+use crate::tokenizer::Tokenizer;
+
+/// `/v1/models`.
+pub(super) async fn models(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [{"id": st.cfg.model_id, "object": "model", "created": 0, "owned_by": "deltafin"}]})).into_response()
+}
+
+/// A request naming another model gets 404.
+fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    match v.get("model").and_then(|m| m.as_str()) {
+        Some(m) if m != st.cfg.model_id => Err(ApiError {
+            status: 404,
+            message: format!(
+                "model `{m}` does not exist (this server serves `{}`)",
+                st.cfg.model_id
+            ),
+            param: Some("model".into()),
+            kind: "invalid_request_error",
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Seconds since the epoch.
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A request that got a slot or a queue place, with what its response needs.
+struct Launched {
+    rx: mpsc::UnboundedReceiver<Ev>,
+    id: String,
+    model: String,
+    created: u64,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Turns a request into prompt ids (run on a blocking thread).
+type Tokenize = Box<dyn FnOnce(&Tokenizer) -> Vec<u32> + Send>;
+
+/// Reserves a place (429 when the queue is full), tokenizes on a blocking thread, checks the
+/// context limit (400 naming it) and starts the generation.
+async fn launch(
+    st: &Arc<AppState>,
+    prefix: &str,
+    (param, tokenize): (&str, Tokenize),
+    default_max: usize,
+    s: Sampling,
+    chat: Option<bool>,
+) -> Result<Launched, ApiError> {
+    // The request's max_tokens (else the endpoint's default), never above the server ceiling.
+    let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
+    let ticket = reserve(st)?;
+    let engine = st.engine.clone();
+    // The place is held by the tokenizing thread itself: a client that leaves cannot free it
+    // while its prompt is still being tokenized.
+    let (ids, ticket) = tokio::task::spawn_blocking(move || (tokenize(engine.tokenizer()), ticket))
+        .await
+        .map_err(|e| ApiError {
+            status: 500,
+            message: format!("tokenizing failed: {e}"),
+            param: None,
+            kind: "server_error",
+        })?;
+    let limit = st.engine.model().context_limit();
+    if ids.len() >= limit {
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "the prompt is {} tokens; this server's context limit is {limit} tokens (prompt and reply together)",
+                ids.len()
+            ),
+        ));
+    }
+    let (stream, include_usage) = (s.stream, s.include_usage);
+    Ok(Launched {
+        rx: start(st.clone(), ticket, ids, max_new, s, chat),
+        id: format!("{prefix}-{}", st.next_id.fetch_add(1, Ordering::SeqCst)),
+        model: st.cfg.model_id.clone(),
+        created: now(),
+        stream,
+        include_usage,
+    })
+}
+
+/// `/v1/chat/completions`.
+pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req = match validate::chat(&body).and_then(|r| check_model(&body, &st).map(|_| r)) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    let effort = if req.thinking {
+        match Effort::resolve(req.effort.as_deref()) {
+            Ok(e) => Some(e),
+            Err(e) => return error(ApiError::bad("reasoning_effort", e.to_string())),
+        }
+    } else {
+        None
+    };
+    let segs = match render(
+        &req.messages,
+        &ChatOptions {
+            thinking: req.thinking,
+            effort,
+            tools: None,
+        },
+    ) {
+        Ok(s) => s,
+        Err(e) => return error(ApiError::bad("messages", e.to_string())),
+    };
+    let tokenize = Box::new(move |t: &Tokenizer| encode_segments(t, &segs));
+    let Launched {
+        rx,
+        id,
+        model,
+        created,
+        stream,
+        include_usage,
+    } = match launch(
+        &st,
+        "chatcmpl",
+        ("messages", tokenize),
+        st.cfg.max_tokens,
+        req.sampling,
+        Some(req.thinking),
+    )
+    .await
+    {
+        Ok(l) => l,
+        Err(e) => return error(e),
+    };
+    if !stream {
+        return match collect(rx).await {
+            Ok((content, reasoning, finish, u)) => {
+                let mut msg = json!({"role": "assistant", "content": content});
+                if req.thinking {
+                    msg["reasoning_content"] = json!(reasoning);
+                }
+                Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": u}))
+                .into_response()
+            }
+            Err(e) => error(e),
+        };
+    }
+    let first = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": Value::Null}]});
+    let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
+        let delta = match d {
+            Some(Delta::Content(t)) => json!({"content": t}),
+            Some(Delta::Reasoning(t)) => json!({"reasoning_content": t}),
+            None => json!({}),
+        };
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    });
+    sse(rx, Some(first), chunk, include_usage, st.cfg.keepalive_secs)
+}
+
+/// `/v1/completions`.
+pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
+    let req = match validate::completion(&body).and_then(|r| check_model(&body, &st).map(|_| r)) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    let prompt = req.prompt.clone();
+    let tokenize = Box::new(move |t: &Tokenizer| t.encode_ordinary(&prompt));
+    let Launched {
+        rx,
+        id,
+        model,
+        created,
+        stream,
+        include_usage,
+    } = match launch(
+        &st,
+        "cmpl",
+        ("prompt", tokenize),
+        st.cfg.completion_default,
+        req.sampling,
+        None,
+    )
+    .await
+    {
+        Ok(l) => l,
+        Err(e) => return error(e),
+    };
+    if !stream {
+        return match collect(rx).await {
+            Ok((text, _, finish, u)) => Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}], "usage": u}))
+            .into_response(),
+            Err(e) => error(e),
+        };
+    }
+    let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
+        let text = match d {
+            Some(Delta::Content(t)) | Some(Delta::Reasoning(t)) => t,
+            None => String::new(),
+        };
+        json!({"id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}]})
+    });
+    sse(rx, None, chunk, include_usage, st.cfg.keepalive_secs)
+}
