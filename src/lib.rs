@@ -46,6 +46,7 @@ pub mod bench;
 pub mod chat;
 pub mod checkpoint;
 pub mod cli;
+pub mod compute;
 pub mod config;
 pub mod engine;
 pub mod error;

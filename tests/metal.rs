@@ -12,7 +12,7 @@ use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::StDtype;
 use deltafin::experts::{BufPool, ExpertBuf, ExpertBytes, TieredOptions};
 use deltafin::gpu::SpineDevice;
-use deltafin::model::weights::dense;
+use deltafin::compute::dense;
 use deltafin::mxfp4::{matvec, Kernel, Mxfp4Expert, Mxfp4Weights};
 use deltafin::spine::dense::quantize_row_int8;
 use deltafin::spine::layer::LayerData;

@@ -7,7 +7,8 @@ use candle::Tensor;
 
 use super::kda_kernels::{self, KdaDims, KdaInputs};
 use super::ops::{rms_norm, sigmoid};
-use super::weights::{dense, LayerWeights};
+use super::weights::LayerWeights;
+use crate::compute::dense;
 use crate::spine::layer::LayerData;
 use crate::Result;
 

@@ -7,7 +7,8 @@ use rayon::prelude::*;
 
 use super::mla_cache::{attend, LatentCache};
 use super::ops::{rms_norm, sigmoid};
-use super::weights::{dense, LayerWeights};
+use super::weights::LayerWeights;
+use crate::compute::dense;
 use crate::spine::dense::DenseMatrix;
 use crate::spine::layer::LayerData;
 use crate::Result;

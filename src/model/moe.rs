@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use candle::Tensor;
 
 use super::ops::{rms_norm, situ};
-use super::weights::{dense, LayerWeights};
+use super::weights::LayerWeights;
+use crate::compute::dense;
 use crate::experts::ExpertProvider;
-use crate::mxfp4::{Kernel, Mxfp4Expert};
+use crate::mxfp4::Kernel;
 use crate::spine::layer::LayerData;
 use crate::Result;
 
@@ -153,48 +154,17 @@ impl Moe {
             .enumerate()
             .flat_map(|(k, e)| rows[e].iter().map(move |&ti| (k, ti)))
             .collect();
-        let on_gpu = crate::gpu::run_experts(
+        let y = crate::compute::run_experts(
             device,
+            kernel,
             bytes,
             &pairs,
             z,
             (self.inter, r),
             (self.beta, self.linear_beta),
-        );
-        if let Some(y) = on_gpu {
-            let y = y?;
-            for (p, &(k, ti)) in pairs.iter().enumerate() {
-                ys.insert((ids[k], ti), y[p * r..(p + 1) * r].to_vec());
-            }
-            return Ok(());
-        }
-        // Each expert's input rows gathered, then run with the shared expert threading.
-        let inputs: Vec<Vec<f32>> = ids
-            .iter()
-            .map(|e| {
-                rows[e]
-                    .iter()
-                    .flat_map(|&ti| z[ti * r..(ti + 1) * r].iter().copied())
-                    .collect()
-            })
-            .collect();
-        let jobs = ids
-            .iter()
-            .zip(bytes)
-            .zip(&inputs)
-            .map(|((e, b), zin)| {
-                Ok((
-                    Mxfp4Expert::from_span(b, self.inter, r)?,
-                    &zin[..],
-                    rows[e].len(),
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let outs = Mxfp4Expert::forward_all(kernel, &jobs, self.beta, self.linear_beta)?;
-        for (e, y) in ids.iter().zip(&outs) {
-            for (k, &ti) in rows[e].iter().enumerate() {
-                ys.insert((*e, ti), y[k * r..(k + 1) * r].to_vec());
-            }
+        )?;
+        for (p, &(k, ti)) in pairs.iter().enumerate() {
+            ys.insert((ids[k], ti), y[p * r..(p + 1) * r].to_vec());
         }
         Ok(())
     }

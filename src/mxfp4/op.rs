@@ -79,7 +79,7 @@ impl CustomOp1 for Mxfp4Weights {
         layout: &Layout,
     ) -> candle::Result<(CpuStorage, Shape)> {
         use candle::backend::BackendStorage;
-        let io = crate::model::ops::matvec_io(
+        let io = crate::compute::matvec_io(
             "mxfp4 matvec",
             storage.dtype(),
             layout,

@@ -59,7 +59,7 @@ impl CustomOp1 for DenseOp<'_> {
         layout: &Layout,
     ) -> candle::Result<(MetalStorage, Shape)> {
         let device = storage.device();
-        let io = crate::model::ops::matvec_io(
+        let io = crate::compute::matvec_io(
             "deltafin-dense",
             storage.dtype(),
             layout,

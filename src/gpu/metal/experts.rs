@@ -221,7 +221,7 @@ pub fn mxfp4_matvec(
 ) -> candle::Result<(MetalStorage, Shape)> {
     let device = storage.device();
     let m = w.matrix();
-    let io = crate::model::ops::matvec_io("mxfp4 matvec", storage.dtype(), layout, m.cols, m.rows)?;
+    let io = crate::compute::matvec_io("mxfp4 matvec", storage.dtype(), layout, m.cols, m.rows)?;
     let (start, tokens) = (io.start, io.tokens);
     let (packed, scales) = {
         let mut u = uploaded.lock().map_err(super::metal_err)?;
