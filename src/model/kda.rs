@@ -162,9 +162,9 @@ impl Kda {
             KdaMode::Chunked(c) if t > 1 => kda_kernels::chunked(inp, s, dims, c),
             _ => kda_kernels::recurrent(inp, s, dims),
         };
-        let o = Tensor::from_vec(o, (t, hk, d), x.device())?;
+        let o = Tensor::from_vec(o, (t, hk, d), x.device())?; // [T, heads, d]
         let o = rms_norm(&o, &self.o_norm, self.eps)?;
-        let o = o.mul(&sigmoid(&gout.reshape((t, hk, d))?)?)?;
+        let o = o.mul(&sigmoid(&gout.reshape((t, hk, d))?)?)?; // [T, heads, d]
         dense(&o.reshape((t, p))?, &m("self_attn.o_proj.weight", h, p)?)
     }
 }

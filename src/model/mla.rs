@@ -143,15 +143,15 @@ impl Mla {
             &m("self_attn.q_b_proj.weight", nh * (nope + rope), self.q_lora)?,
         )?;
         let q = q.reshape((t, nh, nope + rope))?.transpose(0, 1)?; // [nh, T, dq]
-        let q_nope = q.narrow(D::Minus1, 0, nope)?.contiguous()?;
-        let q_pe = q.narrow(D::Minus1, nope, rope)?.contiguous()?;
+        let q_nope = q.narrow(D::Minus1, 0, nope)?.contiguous()?; // [nh, T, nope]
+        let q_pe = q.narrow(D::Minus1, nope, rope)?.contiguous()?; // [nh, T, rope]
         let ckv = dense(x, &m("self_attn.kv_a_proj_with_mqa.weight", kl + rope, h)?)?;
         let c_n = rms_norm(
             &ckv.narrow(1, 0, kl)?.contiguous()?,
             &self.kv_a_norm,
             self.eps,
         )?;
-        let kpe = ckv.narrow(1, kl, rope)?.contiguous()?;
+        let kpe = ckv.narrow(1, kl, rope)?.contiguous()?; // [T, rope]
         let past = st.cache.len();
         // Append this call's rows `[c_n | k_pe]` in place.
         let (cn, kp) = (c_n.to_vec2::<f32>()?, kpe.to_vec2::<f32>()?);
@@ -185,8 +185,8 @@ impl Mla {
             }
             MlaMode::Expanded => {
                 let rows = Tensor::from_slice(st.cache.rows(), (total, kl + rope), x.device())?;
-                let c_all = rows.narrow(1, 0, kl)?.contiguous()?;
-                let kpe_all = rows.narrow(1, kl, rope)?.contiguous()?;
+                let c_all = rows.narrow(1, 0, kl)?.contiguous()?; // [P, kv_lora]
+                let kpe_all = rows.narrow(1, kl, rope)?.contiguous()?; // [P, rope]
                 let mask = Self::causal_mask(t, past, x.device())?;
                 let pe_scores = q_pe.matmul(
                     &kpe_all
@@ -198,15 +198,15 @@ impl Mla {
                 let kv = dense(&c_all, &kv_b)?
                     .reshape((total, nh, nope + vd))?
                     .transpose(0, 1)?; // [nh, P, nope+v]
-                let k_nope = kv.narrow(D::Minus1, 0, nope)?.contiguous()?;
-                let v = kv.narrow(D::Minus1, nope, vd)?.contiguous()?;
+                let k_nope = kv.narrow(D::Minus1, 0, nope)?.contiguous()?; // [nh, P, nope]
+                let v = kv.narrow(D::Minus1, nope, vd)?.contiguous()?; // [nh, P, v]
                 let scores =
                     ((q_nope.matmul(&k_nope.t()?)? + pe_scores)? * scale)?.broadcast_add(&mask)?;
                 let p = candle_nn::ops::softmax_last_dim(&scores)?;
                 p.matmul(&v)?
             }
         };
-        let o = o.transpose(0, 1)?.reshape((t, nh * vd))?;
+        let o = o.transpose(0, 1)?.reshape((t, nh * vd))?; // [nh, T, v] → [T, nh·v]
         let o = o.mul(&sigmoid(&dense(
             x,
             &m("self_attn.g_proj.weight", nh * vd, h)?,
