@@ -24,13 +24,13 @@ use crate::spine::source::{Spine, SpineOptions};
 use crate::Result;
 
 enum Attn {
-    Kda(Kda),
-    Mla(Mla),
+    Kda(Box<Kda>),
+    Mla(Box<Mla>),
 }
 
 enum Ffn {
     Dense(Mlp),
-    Moe(Moe),
+    Moe(Box<Moe>),
 }
 
 struct Layer {
@@ -53,6 +53,8 @@ pub struct K3Model {
     layers: Vec<Layer>,
     out_res: AttnRes,
     final_norm: Tensor,
+    /// `lm_head` `[vocab, H]`, bound in the resident tail.
+    lm_head: crate::spine::slot::Slot,
     /// Evaluation options.
     pub options: ModelOptions,
     /// Router trace sink (off when `None`).
@@ -110,9 +112,11 @@ impl K3Model {
         let mut layers = Vec::with_capacity(cfg.num_layers());
         for (l, kind) in cfg.schedule.iter().enumerate() {
             let small = spine.small(l)?;
+            let layout = spine.layout(l)?;
             let w = LayerWeights {
                 cfg: &cfg,
                 small: &small,
+                layout: &layout,
                 device: &device,
                 layer: l,
             };
@@ -128,12 +132,12 @@ impl K3Model {
                 input_norm: w.get("input_layernorm.weight", &[h])?,
                 post_norm: w.get("post_attention_layernorm.weight", &[h])?,
                 attn: match kind.attn {
-                    AttnKind::Kda => Attn::Kda(Kda::load(&w)?),
-                    AttnKind::Mla => Attn::Mla(Mla::load(&w)?),
+                    AttnKind::Kda => Attn::Kda(Box::new(Kda::load(&w)?)),
+                    AttnKind::Mla => Attn::Mla(Box::new(Mla::load(&w)?)),
                 },
                 ffn: match kind.ffn {
-                    FfnKind::Dense => Ffn::Dense(Mlp::new(&cfg, "mlp", t.intermediate_size)),
-                    FfnKind::Moe => Ffn::Moe(Moe::load(&w)?),
+                    FfnKind::Dense => Ffn::Dense(Mlp::load(&w, "mlp", t.intermediate_size)?),
+                    FfnKind::Moe => Ffn::Moe(Box::new(Moe::load(&w)?)),
                 },
             });
         }
@@ -144,7 +148,7 @@ impl K3Model {
             eps,
         )?;
         let final_norm = g.tensor("model.norm.weight", &[h], &device)?;
-        g.matrix("lm_head.weight", t.vocab_size, h)?;
+        let lm_head = crate::spine::slot::bind(g.layout(), "lm_head.weight", t.vocab_size, h)?;
         let context_limit = t.max_position_embeddings.unwrap_or(usize::MAX);
         Ok(K3Model {
             cfg,
@@ -153,6 +157,7 @@ impl K3Model {
             layers,
             out_res,
             final_norm,
+            lm_head,
             context_limit,
             options: ModelOptions::default(),
             router_trace: None,
@@ -286,7 +291,6 @@ impl K3Model {
     ) -> Result<Option<Tensor>> {
         self.check_input(ids, state)?;
         let t = self.cfg.text();
-        let vocab = t.vocab_size;
         let mut last = None;
         for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
             if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
@@ -297,10 +301,7 @@ impl K3Model {
         let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
         let n = h.dim(0)?;
         let x = rms_norm(&h.narrow(0, n - 1, 1)?, &self.final_norm, t.rms_norm_eps)?;
-        let lm_head = self
-            .spine
-            .global()
-            .matrix("lm_head.weight", vocab, t.hidden_size)?;
+        let lm_head = self.spine.global().matrix_at(&self.lm_head)?;
         Ok(Some(dense(&x, &lm_head)?.squeeze(0)?))
     }
 

@@ -10,6 +10,7 @@ use super::ops::{rms_norm, sigmoid};
 use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::spine::layer::LayerData;
+use crate::spine::slot::Slot;
 use crate::Result;
 
 /// How the recurrence is evaluated.
@@ -33,7 +34,6 @@ pub struct KdaState {
 /// One KDA attention block.
 #[derive(Debug)]
 pub struct Kda {
-    hidden: usize,
     o_norm: Tensor,
     conv_w: [Vec<f32>; 3],
     a_exp: Vec<f32>,
@@ -43,6 +43,21 @@ pub struct Kda {
     width: usize,
     lower_bound: f32,
     eps: f64,
+    /// `q, k, v, f_a, f_b, b, g, o` projections.
+    m: KdaMatrices,
+}
+
+/// The KDA projections, bound at load.
+#[derive(Debug)]
+struct KdaMatrices {
+    q: Slot,
+    k: Slot,
+    v: Slot,
+    f_a: Slot,
+    f_b: Slot,
+    b: Slot,
+    g: Slot,
+    o: Slot,
 }
 
 impl Kda {
@@ -60,7 +75,6 @@ impl Kda {
         let host = |n: &str, shape: &[usize]| w.values(n, shape);
         let a_log = host("self_attn.A_log", &[d])?;
         Ok(Kda {
-            hidden: h,
             o_norm: w.get("self_attn.o_norm.weight", &[d])?,
             conv_w: [
                 host("self_attn.q_conv1d.weight", &[p, 1, cw])?,
@@ -74,6 +88,16 @@ impl Kda {
             width: cw,
             lower_bound: la.gate_lower_bound as f32,
             eps: c.rms_norm_eps,
+            m: KdaMatrices {
+                q: w.slot("self_attn.q_proj.weight", p, h)?,
+                k: w.slot("self_attn.k_proj.weight", p, h)?,
+                v: w.slot("self_attn.v_proj.weight", p, h)?,
+                f_a: w.slot("self_attn.f_a_proj.weight", d, h)?,
+                f_b: w.slot("self_attn.f_b_proj.weight", p, d)?,
+                b: w.slot("self_attn.b_proj.weight", hk, h)?,
+                g: w.slot("self_attn.g_proj.weight", p, h)?,
+                o: w.slot("self_attn.o_proj.weight", h, p)?,
+            },
         })
     }
 
@@ -119,16 +143,16 @@ impl Kda {
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (hk, d) = (self.heads, self.d);
-        let (h, p) = (self.hidden, hk * d);
-        let m = |n: &str, r: usize, c: usize| ld.matrix(n, r, c);
+        let p = hk * d;
+        let (m, w) = (|s: &Slot| ld.matrix_at(s), &self.m);
         let host = |t: Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        let qp = host(dense(x, &m("self_attn.q_proj.weight", p, h)?)?)?;
-        let kp = host(dense(x, &m("self_attn.k_proj.weight", p, h)?)?)?;
-        let vp = host(dense(x, &m("self_attn.v_proj.weight", p, h)?)?)?;
-        let fa = dense(x, &m("self_attn.f_a_proj.weight", d, h)?)?;
-        let graw = host(dense(&fa, &m("self_attn.f_b_proj.weight", p, d)?)?)?;
-        let braw = host(dense(x, &m("self_attn.b_proj.weight", hk, h)?)?)?;
-        let gout = dense(x, &m("self_attn.g_proj.weight", p, h)?)?;
+        let qp = host(dense(x, &m(&w.q)?)?)?; // [T, P]
+        let kp = host(dense(x, &m(&w.k)?)?)?;
+        let vp = host(dense(x, &m(&w.v)?)?)?;
+        let fa = dense(x, &m(&w.f_a)?)?; // [T, d]
+        let graw = host(dense(&fa, &m(&w.f_b)?)?)?;
+        let braw = host(dense(x, &m(&w.b)?)?)?; // [T, heads]
+        let gout = dense(x, &m(&w.g)?)?;
 
         let conv = Arc::make_mut(&mut st.conv);
         let hl = (self.width - 1) * p;
@@ -165,6 +189,6 @@ impl Kda {
         let o = Tensor::from_vec(o, (t, hk, d), x.device())?; // [T, heads, d]
         let o = rms_norm(&o, &self.o_norm, self.eps)?;
         let o = o.mul(&sigmoid(&gout.reshape((t, hk, d))?)?)?; // [T, heads, d]
-        dense(&o.reshape((t, p))?, &m("self_attn.o_proj.weight", h, p)?)
+        dense(&o.reshape((t, p))?, &m(&w.o)?)
     }
 }

@@ -11,6 +11,7 @@ use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::spine::dense::DenseMatrix;
 use crate::spine::layer::LayerData;
+use crate::spine::slot::Slot;
 use crate::Result;
 
 /// Which MLA evaluation to use.
@@ -35,31 +36,58 @@ pub struct MlaState {
 pub struct Mla {
     q_a_norm: Tensor,
     kv_a_norm: Tensor,
-    hidden: usize,
-    q_lora: usize,
     heads: usize,
     nope: usize,
     rope: usize,
     v_dim: usize,
     kv_lora: usize,
     eps: f64,
+    m: MlaMatrices,
+}
+
+/// The MLA projections, bound at load.
+#[derive(Debug)]
+struct MlaMatrices {
+    q_a: Slot,
+    q_b: Slot,
+    kv_a: Slot,
+    kv_b: Slot,
+    g: Slot,
+    o: Slot,
 }
 
 impl Mla {
     /// Loads the layer's small tensors (`self_attn.*layernorm`).
     pub fn load(w: &LayerWeights) -> Result<Self> {
         let c = w.cfg.text();
+        let (h, nh) = (c.hidden_size, c.num_attention_heads);
+        let (dq, vd) = (c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim);
+        let m = MlaMatrices {
+            q_a: w.slot("self_attn.q_a_proj.weight", c.q_lora_rank, h)?,
+            q_b: w.slot("self_attn.q_b_proj.weight", nh * dq, c.q_lora_rank)?,
+            kv_a: w.slot(
+                "self_attn.kv_a_proj_with_mqa.weight",
+                c.kv_lora_rank + c.qk_rope_head_dim,
+                h,
+            )?,
+            kv_b: w.slot(
+                "self_attn.kv_b_proj.weight",
+                nh * (c.qk_nope_head_dim + vd),
+                c.kv_lora_rank,
+            )?,
+            g: w.slot("self_attn.g_proj.weight", nh * vd, h)?,
+            o: w.slot("self_attn.o_proj.weight", h, nh * vd)?,
+        };
         Ok(Mla {
             q_a_norm: w.get("self_attn.q_a_layernorm.weight", &[c.q_lora_rank])?,
             kv_a_norm: w.get("self_attn.kv_a_layernorm.weight", &[c.kv_lora_rank])?,
-            hidden: c.hidden_size,
-            q_lora: c.q_lora_rank,
             heads: c.num_attention_heads,
             nope: c.qk_nope_head_dim,
             rope: c.qk_rope_head_dim,
             v_dim: c.v_head_dim,
             kv_lora: c.kv_lora_rank,
             eps: c.rms_norm_eps,
+            m,
         })
     }
 
@@ -124,28 +152,18 @@ impl Mla {
         ld: &LayerData,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
-        let (h, nh, nope, rope, vd, kl) = (
-            self.hidden,
-            self.heads,
-            self.nope,
-            self.rope,
-            self.v_dim,
-            self.kv_lora,
-        );
-        let m = |n: &str, r: usize, c: usize| ld.matrix(n, r, c);
+        let (nh, nope, rope, vd, kl) = (self.heads, self.nope, self.rope, self.v_dim, self.kv_lora);
+        let (m, w) = (|s: &Slot| ld.matrix_at(s), &self.m);
         let qa = rms_norm(
-            &dense(x, &m("self_attn.q_a_proj.weight", self.q_lora, h)?)?,
+            &dense(x, &m(&w.q_a)?)?, // [T, q_lora]
             &self.q_a_norm,
             self.eps,
         )?;
-        let q = dense(
-            &qa,
-            &m("self_attn.q_b_proj.weight", nh * (nope + rope), self.q_lora)?,
-        )?;
+        let q = dense(&qa, &m(&w.q_b)?)?; // [T, nh·dq]
         let q = q.reshape((t, nh, nope + rope))?.transpose(0, 1)?; // [nh, T, dq]
         let q_nope = q.narrow(D::Minus1, 0, nope)?.contiguous()?; // [nh, T, nope]
         let q_pe = q.narrow(D::Minus1, nope, rope)?.contiguous()?; // [nh, T, rope]
-        let ckv = dense(x, &m("self_attn.kv_a_proj_with_mqa.weight", kl + rope, h)?)?;
+        let ckv = dense(x, &m(&w.kv_a)?)?; // [T, kv_lora + rope]
         let c_n = rms_norm(
             &ckv.narrow(1, 0, kl)?.contiguous()?,
             &self.kv_a_norm,
@@ -163,7 +181,7 @@ impl Mla {
         st.cache.append(&new_rows);
         let scale = 1.0 / ((nope + rope) as f64).sqrt();
         let total = past + t;
-        let kv_b = m("self_attn.kv_b_proj.weight", nh * (nope + vd), kl)?;
+        let kv_b = m(&w.kv_b)?;
         let o = match mode {
             MlaMode::Compact => {
                 // q_lat = q_nope · W_k: [nh, T, kv_lora]; each query row is [q_lat | q_pe].
@@ -207,10 +225,7 @@ impl Mla {
             }
         };
         let o = o.transpose(0, 1)?.reshape((t, nh * vd))?; // [nh, T, v] → [T, nh·v]
-        let o = o.mul(&sigmoid(&dense(
-            x,
-            &m("self_attn.g_proj.weight", nh * vd, h)?,
-        )?)?)?;
-        dense(&o, &m("self_attn.o_proj.weight", h, nh * vd)?)
+        let o = o.mul(&sigmoid(&dense(x, &m(&w.g)?)?)?)?;
+        dense(&o, &m(&w.o)?)
     }
 }

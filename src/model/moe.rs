@@ -10,38 +10,39 @@ use crate::compute::dense;
 use crate::experts::ExpertProvider;
 use crate::mxfp4::Kernel;
 use crate::spine::layer::LayerData;
+use crate::spine::slot::Slot;
 use crate::Result;
 
 /// A dense SiTU MLP: `down · SiTU(gate·x, up·x)` over the layer's matrices `{prefix}.*_proj`.
 #[derive(Debug)]
 pub struct Mlp {
-    prefix: String,
-    hidden: usize,
-    inter: usize,
+    gate: Slot,
+    up: Slot,
+    down: Slot,
     beta: f64,
     linear_beta: f64,
 }
 
 impl Mlp {
     /// An MLP over `{prefix}.gate_proj/up_proj/down_proj` with intermediate width `inter`.
-    pub fn new(cfg: &crate::K3Config, prefix: &str, inter: usize) -> Self {
-        let c = cfg.text();
-        Mlp {
-            prefix: prefix.to_string(),
-            hidden: c.hidden_size,
-            inter,
+    pub fn load(w: &LayerWeights, prefix: &str, inter: usize) -> Result<Self> {
+        let c = w.cfg.text();
+        let h = c.hidden_size;
+        Ok(Mlp {
+            gate: w.slot(&format!("{prefix}.gate_proj.weight"), inter, h)?,
+            up: w.slot(&format!("{prefix}.up_proj.weight"), inter, h)?,
+            down: w.slot(&format!("{prefix}.down_proj.weight"), h, inter)?,
             beta: c.activation_situ_beta,
             linear_beta: c.activation_situ_linear_beta,
-        }
+        })
     }
 
     /// `[T, H]` → `[T, H]`.
     pub fn forward(&self, x: &Tensor, ld: &LayerData) -> Result<Tensor> {
-        let (h, i, p) = (self.hidden, self.inter, &self.prefix);
-        let g = dense(x, &ld.matrix(&format!("{p}.gate_proj.weight"), i, h)?)?;
-        let u = dense(x, &ld.matrix(&format!("{p}.up_proj.weight"), i, h)?)?;
+        let g = dense(x, &ld.matrix_at(&self.gate)?)?; // [T, inter]
+        let u = dense(x, &ld.matrix_at(&self.up)?)?;
         let a = situ(&g, &u, self.beta, self.linear_beta)?;
-        dense(&a, &ld.matrix(&format!("{p}.down_proj.weight"), h, i)?)
+        dense(&a, &ld.matrix_at(&self.down)?)
     }
 }
 
@@ -77,8 +78,6 @@ pub fn route(logits: &[f32], bias: &[f32], k: usize, renormalize: bool) -> Route
 #[derive(Debug)]
 pub struct Moe {
     layer: usize,
-    hidden: usize,
-    num_experts: usize,
     bias: Vec<f32>,
     norm: Option<Tensor>,
     shared: Mlp,
@@ -89,6 +88,10 @@ pub struct Moe {
     beta: f32,
     linear_beta: f32,
     eps: f64,
+    /// The router, and the routed experts' shared down and up projections.
+    gate: Slot,
+    down: Slot,
+    up: Slot,
 }
 
 impl Moe {
@@ -99,19 +102,16 @@ impl Moe {
         let bias = w.values("block_sparse_moe.gate.e_score_correction_bias", &[e])?;
         Ok(Moe {
             layer: w.layer,
-            hidden: h,
-            num_experts: e,
             bias,
             norm: if c.latent_moe_use_norm {
                 Some(w.get("block_sparse_moe.routed_expert_norm.weight", &[r])?)
             } else {
                 None
             },
-            shared: Mlp::new(
-                w.cfg,
-                "block_sparse_moe.shared_experts",
-                w.cfg.shared_width(),
-            ),
+            shared: Mlp::load(w, "block_sparse_moe.shared_experts", w.cfg.shared_width())?,
+            gate: w.slot("block_sparse_moe.gate.weight", e, h)?,
+            down: w.slot("block_sparse_moe.routed_expert_down_proj.weight", r, h)?,
+            up: w.slot("block_sparse_moe.routed_expert_up_proj.weight", h, r)?,
             top_k: c.num_experts_per_token,
             renormalize: c.moe_renormalize,
             inter: c.moe_intermediate_size,
@@ -124,11 +124,7 @@ impl Moe {
 
     /// Routes every row of `x` `[T, H]`.
     pub fn routes(&self, x: &Tensor, ld: &LayerData) -> Result<Vec<Route>> {
-        let gate = ld.matrix(
-            "block_sparse_moe.gate.weight",
-            self.num_experts,
-            self.hidden,
-        )?;
+        let gate = ld.matrix_at(&self.gate)?; // [experts, H]
         let logits = dense(x, &gate)?.to_vec2::<f32>()?;
         Ok(logits
             .iter()
@@ -181,11 +177,7 @@ impl Moe {
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let routes = self.routes(x, ld)?;
-        let down = ld.matrix(
-            "block_sparse_moe.routed_expert_down_proj.weight",
-            self.latent,
-            self.hidden,
-        )?;
+        let down = ld.matrix_at(&self.down)?; // [latent, H]
         let z = dense(x, &down)?.flatten_all()?.to_vec1::<f32>()?;
         let r = self.latent;
         // Rows of each selected expert, in expert-id order.
@@ -227,11 +219,7 @@ impl Moe {
             Some(n) => rms_norm(&y, n, self.eps)?,
             None => y,
         };
-        let up = ld.matrix(
-            "block_sparse_moe.routed_expert_up_proj.weight",
-            self.hidden,
-            self.latent,
-        )?;
+        let up = ld.matrix_at(&self.up)?; // [H, latent]
         let routed = dense(&y, &up)?;
         Ok((routed + self.shared.forward(x, ld)?)?)
     }

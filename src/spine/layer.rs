@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use candle::{Device, Tensor};
 
-use super::dense::{DenseData, DenseMatrix};
 use super::to_f32;
 use crate::checkpoint::StDtype;
 use crate::experts::disk::checksum;
@@ -46,15 +45,18 @@ pub struct Entry {
 
 /// The tensors of one layer (or of the tail) in one buffer.
 pub struct LayerData {
-    buf: ExpertBuf,
-    entries: HashMap<String, Entry>,
+    pub(super) buf: ExpertBuf,
+    /// Tensors in layout order (file order, or gather order for the shards).
+    pub(super) entries: Vec<Entry>,
+    /// Name → position in `entries` (for lookups by name, never on the hot path).
+    index: HashMap<String, usize>,
     /// The checkpoint fingerprint the file was built from (`None`: a packed or legacy buffer).
     source: Option<String>,
     /// The same bytes on the compute device (a template layer or a pinned copy), if any.
-    device: Option<crate::gpu::DeviceLayer>,
+    pub(super) device: Option<crate::gpu::DeviceLayer>,
 }
 
-fn dtype_of(e: &Entry) -> Result<StDtype> {
+pub(super) fn dtype_of(e: &Entry) -> Result<StDtype> {
     StDtype::parse(&e.dtype).ok_or_else(|| Error::Tensor {
         name: e.name.clone(),
         msg: format!("unknown dtype {}", e.dtype),
@@ -71,7 +73,8 @@ impl LayerData {
         }
         LayerData {
             buf: ExpertBuf::owned(buf),
-            entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+            index: index_of(&entries),
+            entries,
             source: None,
             device: None,
         }
@@ -92,7 +95,8 @@ impl LayerData {
         }
         Ok(LayerData {
             buf,
-            entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+            index: index_of(&entries),
+            entries,
             source: None,
             device: None,
         })
@@ -112,7 +116,12 @@ impl LayerData {
 
     /// Names of the tensors held.
     pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.entries.keys()
+        self.entries.iter().map(|e| &e.name)
+    }
+
+    /// The tensors, in layout order (what `bind` resolves slots against).
+    pub fn layout(&self) -> &[Entry] {
+        &self.entries
     }
 
     /// Bytes held.
@@ -127,7 +136,7 @@ impl LayerData {
 
     /// Whether tensor `name` is held.
     pub fn has(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
+        self.index.contains_key(name)
     }
 
     /// Records where the same bytes lie on the compute device.
@@ -136,53 +145,22 @@ impl LayerData {
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
-        self.entries.get(name).ok_or_else(|| Error::Tensor {
-            name: name.into(),
-            msg: "missing from the layer's spine data".into(),
-        })
+        self.index
+            .get(name)
+            .and_then(|&i| self.entries.get(i))
+            .ok_or_else(|| Error::Tensor {
+                name: name.into(),
+                msg: "missing from the layer's spine data".into(),
+            })
     }
 
-    fn data(&self, e: &Entry) -> Result<&[u8]> {
+    pub(super) fn data(&self, e: &Entry) -> Result<&[u8]> {
         self.buf
             .get(e.offset..e.offset + e.len)
             .ok_or_else(|| Error::Tensor {
                 name: e.name.clone(),
                 msg: "byte range outside the layer buffer".into(),
             })
-    }
-
-    /// A `[rows, cols]` matrix view (BF16, F32 or row-int8).
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<DenseMatrix<'_>> {
-        let e = self.entry(name)?;
-        if e.shape != [rows, cols] {
-            return Err(Error::Tensor {
-                name: name.into(),
-                msg: format!("expected shape [{rows}, {cols}], found {:?}", e.shape),
-            });
-        }
-        let b = self.data(e)?;
-        let mut scale_offset = 0;
-        let data = match dtype_of(e)? {
-            StDtype::BF16 => DenseData::Bf16(b),
-            StDtype::F32 => DenseData::F32(b),
-            StDtype::I8 => {
-                let s = self.entry(&format!("{name}.row_scale"))?;
-                scale_offset = s.offset;
-                DenseData::I8 {
-                    q: b,
-                    scales: self.data(s)?,
-                }
-            }
-            other => {
-                return Err(Error::Tensor {
-                    name: name.into(),
-                    msg: format!("dtype {} cannot be a spine matrix", other.as_str()),
-                })
-            }
-        };
-        let mut m = DenseMatrix::new(data, rows, cols)?;
-        m.device = self.device.as_ref().map(|d| d.view(e.offset, scale_offset));
-        Ok(m)
     }
 
     /// A tensor as f32 values, checked against `shape` (int8 matrices are dequantised).
@@ -207,7 +185,7 @@ impl LayerData {
 
     /// Checks every tensor's checksum.
     pub fn verify(&self) -> Result<()> {
-        for e in self.entries.values() {
+        for e in &self.entries {
             if checksum(self.data(e)?) != e.checksum {
                 return Err(Error::Tensor {
                     name: e.name.clone(),
@@ -217,6 +195,19 @@ impl LayerData {
         }
         Ok(())
     }
+}
+
+fn index_of(entries: &[Entry]) -> HashMap<String, usize> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.name.clone(), i))
+        .collect()
+}
+
+/// The layout `LayerData::gather` gives tensors `(name, dtype, shape, byte length)`.
+pub fn gather_layout(tensors: &[(String, StDtype, Vec<usize>, usize)]) -> Vec<Entry> {
+    place(tensors.iter().map(|(n, d, s, len)| (n, *d, s, *len, 0)), 0).0
 }
 
 fn layout(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)], start: usize) -> (Vec<Entry>, usize) {
@@ -377,7 +368,8 @@ pub fn read_file_sized(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<L
     let (entries, source) = parse_header_full(&buf, len, path)?;
     Ok(LayerData {
         buf,
-        entries: entries.into_iter().map(|e| (e.name.clone(), e)).collect(),
+        index: index_of(&entries),
+        entries,
         source,
         device: None,
     })

@@ -7,6 +7,7 @@ pub mod dense;
 #[cfg(target_arch = "x86_64")]
 mod dense_x86;
 pub mod layer;
+pub mod slot;
 pub mod source;
 
 pub use backing::choose_pinned;

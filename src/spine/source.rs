@@ -232,6 +232,30 @@ impl Spine {
         }
     }
 
+    /// Layer `l`'s layout (names, shapes, dtypes, offsets) as every pass hands the layer over:
+    /// what the model binds its matrices to at load.
+    pub fn layout(&self, l: usize) -> Result<Vec<Entry>> {
+        match &self.inner.backing {
+            Backing::Files(_) => super::slot::read_layout(&self.inner.layer_path(l)),
+            Backing::Shards(s) => {
+                let strip = self.inner.inv.layer_name(l, "");
+                let tensors = layer_names(&self.inner.inv, l)
+                    .iter()
+                    .map(|full| {
+                        let t = s.info(full)?;
+                        Ok((
+                            full.strip_prefix(&strip).unwrap_or(full).to_string(),
+                            t.dtype,
+                            t.shape.clone(),
+                            t.len() as usize,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(super::layer::gather_layout(&tensors))
+            }
+        }
+    }
+
     /// The tail tensors (final norm, output AttnRes, lm_head), resident.
     pub fn global(&self) -> &LayerData {
         &self.global
