@@ -168,7 +168,10 @@ mod tests {
         assert!(bind(a.layout(), "w", 4, 2).is_err());
         assert!(bind(a.layout(), "missing", 2, 4).is_err());
         let b = layer(vec![("q", StDtype::I8, vec![3, 4])]);
-        assert!(bind(b.layout(), "q", 3, 4).is_err(), "int8 without row scales");
+        assert!(
+            bind(b.layout(), "q", 3, 4).is_err(),
+            "int8 without row scales"
+        );
         // A buffer whose layout is not the one the slot was bound to is refused, not misread.
         let other = layer(vec![
             ("v", StDtype::BF16, vec![2, 4]),
