@@ -92,6 +92,11 @@ fn a_chat_session_feeds_only_the_new_turn_and_matches_a_full_prefill() {
     assert_eq!(a.generation.generated_ids, b.generation.generated_ids);
     assert_eq!(a.generation.prompt_ids, b.generation.prompt_ids);
 
+    // A failed pass (an id outside the vocabulary) leaves no half-fed state behind.
+    assert!(s.prefill(&[u32::MAX]).is_err());
+    assert!(s.tokens().is_empty() && s.state().pos == 0);
+    s.restore(&snap);
+
     // A cancelled turn leaves a session that re-renders its history next time.
     let cancel = AtomicBool::new(true);
     let c = s

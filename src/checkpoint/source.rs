@@ -12,6 +12,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use std::io::Read;
+
 use sha2::{Digest, Sha256};
 
 use super::Inventory;
@@ -20,6 +22,22 @@ use crate::{Error, Result};
 /// Lower-case hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
+}
+
+/// SHA-256 of a whole file (hex), read sequentially.
+pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        progress(n as u64);
+    }
+    Ok(hex(&h.finalize()))
 }
 
 /// Lower-case hex of a byte string.

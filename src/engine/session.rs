@@ -82,13 +82,15 @@ impl<'e> Session<'e> {
 
     /// Feeds `ids` (after the pending token, if any) and returns the last position's logits.
     pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let input: Vec<u32> = self
-            .pending
-            .take()
-            .into_iter()
-            .chain(ids.iter().copied())
-            .collect();
-        let logits = self.engine.model().forward(&input, &mut self.state)?;
+        let input = self.take_input(ids);
+        let logits = match self.engine.model().forward(&input, &mut self.state) {
+            Ok(l) => l,
+            Err(e) => {
+                // The state may hold part of the input: start over rather than guess.
+                self.reset_state();
+                return Err(e);
+            }
+        };
         self.fed.extend_from_slice(&input);
         Ok(logits.to_vec1::<f32>()?)
     }
@@ -108,12 +110,7 @@ impl<'e> Session<'e> {
         choose: &mut dyn FnMut(&[f32]) -> u32,
         on_token: impl FnMut(u32),
     ) -> Result<Generation> {
-        let input: Vec<u32> = self
-            .pending
-            .take()
-            .into_iter()
-            .chain(ids.iter().copied())
-            .collect();
+        let input = self.take_input(ids);
         let before = self.state.pos;
         let g = Generator::new(self.engine.model()).generate_with(
             &mut self.state,
@@ -122,7 +119,14 @@ impl<'e> Session<'e> {
             cancel,
             choose,
             on_token,
-        )?;
+        );
+        let g = match g {
+            Ok(g) => g,
+            Err(e) => {
+                self.reset_state();
+                return Err(e);
+            }
+        };
         // The state holds the input and every generated token but the last. If not (the
         // prefill was cancelled part-way, or nothing ran), the session starts over: the next
         // chat turn re-renders the history.
@@ -215,6 +219,15 @@ impl<'e> Session<'e> {
         self.pending = s.pending;
         self.history = s.history.clone();
         self.phase = s.phase;
+    }
+
+    /// The pending token (if any) followed by `ids`: what the next pass feeds.
+    fn take_input(&mut self, ids: &[u32]) -> Vec<u32> {
+        self.pending
+            .take()
+            .into_iter()
+            .chain(ids.iter().copied())
+            .collect()
     }
 
     /// Drops the sequence state (the history stays): the next chat turn re-renders it all.

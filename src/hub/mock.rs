@@ -169,10 +169,9 @@ fn etag_of(st: &MockState, path: &Path, meta: &std::fs::Metadata, file: &str) ->
     if let Some(e) = st.etags.lock().ok().and_then(|m| m.get(&key).cloned()) {
         return e;
     }
-    let e = match std::fs::read(path) {
-        Ok(b) => crate::checkpoint::source::sha256_hex(&b),
-        Err(_) => format!("{size:x}-{}", file.len()),
-    };
+    // Streamed in 8 MiB reads: a 1 GiB file is never held in memory.
+    let e = crate::checkpoint::source::sha256_file(path, |_| {})
+        .unwrap_or_else(|_| format!("{size:x}-{}", file.len()));
     if let Ok(mut m) = st.etags.lock() {
         m.insert(key, e.clone());
     }

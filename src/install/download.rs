@@ -11,7 +11,9 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::source::{hex, hub_shards_path, is_sha256, sha256_hex, HubShard};
+use crate::checkpoint::source::{
+    hex, hub_shards_path, is_sha256, sha256_file, sha256_hex, HubShard,
+};
 use crate::hub::HubRepo;
 use crate::{Error, Result};
 
@@ -47,22 +49,6 @@ fn sweep_parts(root: &Path, file: &str, keep: &str) {
             let _ = std::fs::remove_file(e.path());
         }
     }
-}
-
-/// SHA-256 of a whole file (hex), read sequentially.
-pub fn sha256_file(path: &Path, mut progress: impl FnMut(u64)) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 8 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        progress(n as u64);
-    }
-    Ok(hex(&h.finalize()))
 }
 
 /// Records what the hub said about the shards now in place (`deltafin-meta/shards.json`).
