@@ -41,7 +41,6 @@
 #![recursion_limit = "256"]
 
 pub mod alloc_count;
-pub mod atomic;
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;
@@ -51,8 +50,8 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod fsio;
 pub mod generate;
-pub mod gpu;
 pub mod hub;
 pub mod install;
 pub mod memory;
@@ -60,6 +59,8 @@ pub mod model;
 pub mod mxfp4;
 pub mod progress;
 pub mod server;
+#[cfg(feature = "metal")]
+mod shaders;
 pub mod spine;
 pub mod tokenizer;
 

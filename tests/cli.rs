@@ -233,9 +233,9 @@ fn device_flag() {
     assert!(err.contains("device: cpu"), "{err}");
     let out = run("metal");
     let err = String::from_utf8_lossy(&out.stderr);
-    if deltafin::gpu::METAL_COMPILED && candle::Device::new_metal(0).is_ok() {
+    if deltafin::compute::device::METAL_COMPILED && candle::Device::new_metal(0).is_ok() {
         assert!(out.status.success(), "{err}");
-    } else if deltafin::gpu::METAL_COMPILED {
+    } else if deltafin::compute::device::METAL_COMPILED {
         assert!(err.contains("no Metal device"), "{err}");
     } else {
         assert!(!out.status.success());
@@ -413,7 +413,7 @@ fn doctor_reports_problems() {
 #[test]
 fn a_second_writer_is_refused_naming_the_holder() {
     let d = nano();
-    let lock = deltafin::install::RootLock::acquire(d.path()).unwrap();
+    let lock = deltafin::fsio::RootLock::acquire(d.path()).unwrap();
     let out = bin()
         .args(["convert-spine", "--model-root"])
         .arg(d.path())

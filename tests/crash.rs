@@ -60,7 +60,7 @@ fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
                 if name != ".hf-cache" {
                     stack.push(p);
                 }
-            } else if name != "lock" && !deltafin::atomic::is_temp_name(&name) {
+            } else if name != "lock" && !deltafin::fsio::atomic::is_temp_name(&name) {
                 let rel = p.strip_prefix(root).unwrap().display().to_string();
                 out.insert(rel, std::fs::read(&p).unwrap());
             }

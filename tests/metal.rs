@@ -10,9 +10,9 @@ use candle::{Device, Tensor};
 use common::{nano, rel_err32};
 use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::StDtype;
-use deltafin::compute::dense;
-use deltafin::experts::{BufPool, ExpertBuf, ExpertBytes, TieredOptions};
-use deltafin::gpu::SpineDevice;
+use deltafin::compute::{dense, run_experts, spine_device};
+use deltafin::experts::{ExpertBytes, TieredOptions};
+use deltafin::fsio::{BufPool, PooledBuf};
 use deltafin::mxfp4::{matvec, Kernel, Mxfp4Expert, Mxfp4Weights};
 use deltafin::spine::dense::quantize_row_int8;
 use deltafin::spine::layer::LayerData;
@@ -79,9 +79,7 @@ fn metal_dense_gemv_matches_cpu() {
                 .unwrap()
         })
         .collect();
-    let gpu = SpineDevice::new(&dev)
-        .unwrap()
-        .expect("a Metal spine device");
+    let gpu = spine_device(&dev).expect("a Metal spine device");
     gpu.upload(&mut layer).unwrap();
     let x = x_cpu.to_device(&dev).unwrap();
     for (n, want) in ["a.weight", "b.weight", "c.weight"].iter().zip(&want) {
@@ -120,7 +118,7 @@ fn metal_fused_experts_match_cpu() {
         .enumerate()
         .map(|(i, s)| {
             if i == 1 {
-                Arc::new(ExpertBuf::owned(s.clone()))
+                Arc::new(PooledBuf::owned(s.clone()))
             } else {
                 let mut b = pool.take(s.len()).unwrap();
                 b.copy_from_slice(s);
@@ -128,8 +126,16 @@ fn metal_fused_experts_match_cpu() {
             }
         })
         .collect();
-    let got = deltafin::gpu::metal::run_experts(&dev, &held, &pairs, &z, inter, latent, 1.5, 3.0)
-        .unwrap();
+    let got = run_experts(
+        &Device::Metal(dev),
+        Kernel::Scalar,
+        &held,
+        &pairs,
+        &z,
+        (inter, latent),
+        (1.5, 3.0),
+    )
+    .unwrap();
     for (p, &(e, t)) in pairs.iter().enumerate() {
         let ex = Mxfp4Expert::from_span(&spans[e], inter, latent).unwrap();
         let want = ex

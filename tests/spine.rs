@@ -198,7 +198,7 @@ fn int8_matrices_are_within_half_a_step() {
     );
     let mut checked = 0;
     let dir = deltafin::spine::convert::store_dir(d.path(), SpineFormat::Int8);
-    let pool = deltafin::experts::BufPool::new(1);
+    let pool = deltafin::fsio::BufPool::new(1);
     let shards = deltafin::spine::ShardSpine::new(Arc::new(inv.clone()));
     for l in 0..10 {
         let ld = deltafin::spine::layer::read_file(&dir.join(format!("layer-{l:03}.bin")), &pool)

@@ -31,7 +31,7 @@ pub struct ExpertsBenchOptions {
 pub(crate) fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
     const CHUNK: usize = 16 << 20;
     let f = open_direct(path)?;
-    let mut buf = crate::experts::buf::AlignedBuf::new(CHUNK)?;
+    let mut buf = crate::fsio::AlignedBuf::new(CHUNK)?;
     let (a, b) = (start & !4095, end.div_ceil(4096) * 4096);
     let t0 = Instant::now();
     let mut off = a;
@@ -62,7 +62,7 @@ pub(crate) fn raw_read_jobs(
         let hs: Vec<_> = (0..r)
             .map(|t| {
                 sc.spawn(move || -> Result<()> {
-                    let mut buf = crate::experts::buf::AlignedBuf::new(CHUNK)?;
+                    let mut buf = crate::fsio::AlignedBuf::new(CHUNK)?;
                     let mut open: Option<(usize, std::fs::File)> = None;
                     for (shard, parts) in jobs.iter().skip(t).step_by(r) {
                         if open.as_ref().is_none_or(|(s, _)| s != shard) {

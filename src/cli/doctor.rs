@@ -64,8 +64,8 @@ fn host(r: &mut Report) {
     } else {
         r.ok("cpu", line);
     }
-    if crate::gpu::METAL_COMPILED {
-        match crate::gpu::select(crate::gpu::DeviceChoice::Metal) {
+    if crate::compute::device::METAL_COMPILED {
+        match crate::compute::device::select(crate::compute::device::DeviceChoice::Metal) {
             Ok(_) => r.ok("metal", "device 0 opens"),
             Err(e) => r.warn("metal", e),
         }
@@ -108,7 +108,7 @@ fn temporaries(r: &mut Report, root: &Path) {
         .iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
         .flat_map(|rd| rd.flatten())
-        .filter(|e| crate::atomic::is_temp_name(&e.file_name().to_string_lossy()))
+        .filter(|e| crate::fsio::atomic::is_temp_name(&e.file_name().to_string_lossy()))
         .map(|e| e.path().display().to_string())
         .collect();
     if left.is_empty() {
@@ -178,8 +178,8 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         }
     };
     let inv = std::sync::Arc::new(inv);
-    let opts = crate::model::LoadOptions::default();
-    match crate::model::load::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
+    let opts = crate::engine::LoadOptions::default();
+    match crate::engine::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
         Ok(p) => r.ok(
             "memory plan",
             format!(
@@ -232,7 +232,7 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         Ok(t) => r.ok("tokenizer", format!("{} ranks", t.num_ranks())),
         Err(e) => r.fail("tokenizer", e),
     }
-    match crate::install::fs_free(root) {
+    match crate::fsio::fs_free(root) {
         Some(b) if b < 50_000_000_000 => r.warn(
             "disk",
             format!(
@@ -259,7 +259,7 @@ fn spine_store(r: &mut Report, root: &Path, f: SpineFormat, layers: usize, fp: &
     let files: Vec<PathBuf> = store_files(&store_dir(root, f), layers);
     match store_state(root, f, layers, fp) {
         StoreState::Current if verify => {
-            let pool = crate::experts::BufPool::new(1);
+            let pool = crate::fsio::BufPool::new(1);
             // Every file, the tail (lm_head) and the embedding included.
             let bad: Vec<String> = files
                 .iter()

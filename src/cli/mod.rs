@@ -170,7 +170,7 @@ pub enum BenchKind {
         runs: usize,
         /// Compute device: auto, cpu or metal.
         #[arg(long, value_enum, default_value = "auto")]
-        device: crate::gpu::DeviceChoice,
+        device: crate::compute::device::DeviceChoice,
         /// Instead: time one MLA layer's decode step with this many positions cached (and what
         /// the step allocates), for each value, comma-separated.
         #[arg(long, value_delimiter = ',')]
@@ -327,8 +327,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 context,
                 breakdown,
             } => {
-                let device = crate::gpu::select(device)?;
-                println!("device={}", crate::gpu::describe(&device));
+                let device = crate::compute::device::select(device)?;
+                println!("device={}", crate::compute::device::describe(&device));
                 let mut model =
                     crate::K3Model::open_with(&model_root, &device, &Default::default(), |p| {
                         eprintln!("{p}")

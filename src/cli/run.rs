@@ -132,7 +132,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         "start",
         serde_json::json!({
             "model_root": a.model_root.display().to_string(),
-            "device": crate::gpu::describe(model.device()),
+            "device": crate::compute::device::describe(model.device()),
             "kernel": model.options.kernel.name(),
             "spine": model.spine().report(),
             "prompt_tokens": prompt_ids.len(),

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use crate::engine::LoadOptions;
 use crate::experts::{CacheAdvice, DiskCache, TieredOptions};
-use crate::model::LoadOptions;
 use crate::spine::source::SpineChoice;
 use crate::{Engine, EngineOptions, K3Model};
 
@@ -54,7 +54,7 @@ pub struct StoreArgs {
     /// Compute device for the spine: auto (Metal when built with `--features metal` and a GPU
     /// exists, else the CPU), cpu, or metal.
     #[arg(long, value_enum, default_value = "auto")]
-    pub device: crate::gpu::DeviceChoice,
+    pub device: crate::compute::device::DeviceChoice,
 }
 
 fn non_negative(v: Option<f64>, flag: &str, unit: f64) -> anyhow::Result<Option<u64>> {
@@ -123,7 +123,7 @@ pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyho
     let ram = model.plan().map(|p| p.expert_ram).unwrap_or(0);
     eprintln!(
         "device: {} (host: {} threads, MXFP4 kernel {}); experts: RAM tier {:.2} GB{}{}, {} readers, prefetch {}",
-        crate::gpu::describe(model.device()),
+        crate::compute::device::describe(model.device()),
         rayon::current_num_threads(),
         model.options.kernel.name(),
         ram as f64 / 1e9,

@@ -1,19 +1,30 @@
 //! The compute seam: every operation whose implementation depends on the device, behind one
 //! call each, chosen inside (the Metal kernels when the data lives there, the host kernels
-//! otherwise). The model calls these and never branches on the device; `gpu::metal` holds the
-//! Metal side and reads its inputs through `matvec_io`. Owns no weights and no state.
+//! otherwise): the spine matrices' GEMV (`dense`), one MoE layer's MXFP4 expert batch
+//! (`run_experts`), and the spine's device side (`spine_device`: template layers and pinned
+//! copies). The device is chosen once (`device::select`); the model calls these and never
+//! branches on it. `metal` (behind the `metal` feature) holds the Metal side. Owns no weights
+//! and no state; depends on `spine`, `experts` and `mxfp4`, never the reverse.
 
-use candle::{DType, Device, Layout, Shape, Tensor};
+pub mod device;
+#[cfg(feature = "metal")]
+mod metal;
+
+use std::sync::Arc;
+
+use candle::{Device, Tensor};
 
 use crate::experts::ExpertBytes;
-use crate::mxfp4::{Kernel, Mxfp4Expert};
+use crate::mxfp4::{with_last_dim, Kernel, Mxfp4Expert};
 use crate::spine::dense::DenseMatrix;
+use crate::spine::DeviceSide;
 use crate::Result;
 
 /// `x · Wᵀ` for `x` `[.., in]` with a spine matrix `W` `[out, in]`, through the fused kernel.
 pub fn dense(x: &Tensor, w: &DenseMatrix) -> Result<Tensor> {
-    if let Some(r) = crate::gpu::dense(x, w) {
-        return r;
+    #[cfg(feature = "metal")]
+    if let (Some(r), true) = (w.device, x.device().is_metal()) {
+        return metal::dense(x, w, &r);
     }
     // The host kernel.
     let dims = x.dims().to_vec();
@@ -45,16 +56,12 @@ pub fn run_experts(
     (inter, latent): (usize, usize),
     (beta, linear_beta): (f32, f32),
 ) -> Result<Vec<f32>> {
-    if let Some(y) = crate::gpu::run_experts(
-        device,
-        spans,
-        pairs,
-        z,
-        (inter, latent),
-        (beta, linear_beta),
-    ) {
-        return y;
+    #[cfg(feature = "metal")]
+    if let Device::Metal(d) = device {
+        return metal::run_experts(d, spans, pairs, z, inter, latent, beta, linear_beta);
     }
+    #[cfg(not(feature = "metal"))]
+    let _ = device;
     // Each expert's rows gathered in pair order: `[rows_k, latent]`.
     let mut inputs: Vec<(usize, Vec<f32>, usize)> = Vec::new();
     for &(k, t) in pairs {
@@ -79,46 +86,13 @@ pub fn run_experts(
     Ok(outs.concat())
 }
 
-/// `dims` with the last dimension set to `n`: the shape of `x · Wᵀ` for `W` with `n` rows.
-pub fn with_last_dim(dims: &[usize], n: usize) -> Vec<usize> {
-    let mut out = dims.to_vec();
-    if let Some(l) = out.last_mut() {
-        *l = n;
+/// The spine's side on `device` (Metal: template layers and pinned copies), or `None` where the
+/// host kernels read the host bytes (the CPU).
+pub fn spine_device(device: &Device) -> Option<Arc<dyn DeviceSide>> {
+    #[cfg(feature = "metal")]
+    if let Device::Metal(d) = device {
+        return Some(Arc::new(metal::SpineDevice::new(d.clone())));
     }
-    out
-}
-
-/// What a matrix-vector custom op needs of its input `[.., cols]` (f32, contiguous).
-pub struct MatvecIo {
-    /// First element of the input in its storage.
-    pub start: usize,
-    /// Input rows (product of the leading dimensions).
-    pub tokens: usize,
-    /// Output shape `[.., rows]`.
-    pub shape: Shape,
-}
-
-/// Checks a matvec op's input (`op` names the op in errors) and derives its `MatvecIo`.
-pub fn matvec_io(
-    op: &str,
-    dtype: DType,
-    layout: &Layout,
-    cols: usize,
-    rows: usize,
-) -> candle::Result<MatvecIo> {
-    if dtype != DType::F32 {
-        candle::bail!("{op}: input must be f32, got {dtype:?}");
-    }
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle::bail!("{op}: input must be contiguous");
-    };
-    let dims = layout.shape().dims();
-    if dims.last().copied() != Some(cols) {
-        candle::bail!("{op}: input {dims:?} does not end in {cols} columns");
-    }
-    Ok(MatvecIo {
-        start,
-        tokens: (end - start).checked_div(cols).unwrap_or(0),
-        shape: Shape::from(with_last_dim(dims, rows)),
-    })
+    let _ = device;
+    None
 }

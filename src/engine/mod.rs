@@ -4,6 +4,7 @@
 //! and library users go through these instead of assembling stores, spines and states
 //! themselves. Owns no math: the model does the compute, the generator the decoding loop.
 
+mod load;
 mod session;
 
 use std::path::{Path, PathBuf};
@@ -11,11 +12,11 @@ use std::path::{Path, PathBuf};
 pub use session::{ChatTurn, Session, SessionSnapshot};
 
 use crate::chat::ChatOptions;
-use crate::gpu::DeviceChoice;
+use crate::compute::device::DeviceChoice;
 use crate::memory::MemoryPlan;
-use crate::model::LoadOptions;
 use crate::tokenizer::Tokenizer;
 use crate::{K3Model, Result};
+pub use load::{activation_bytes, plan_for, state_bytes, LoadOptions};
 
 /// How to open an engine.
 #[derive(Debug, Clone, Default)]
@@ -45,7 +46,7 @@ impl Engine {
         opts: &EngineOptions,
         report: impl FnOnce(&MemoryPlan),
     ) -> Result<Engine> {
-        let device = crate::gpu::select(opts.device)?;
+        let device = crate::compute::device::select(opts.device)?;
         let model = K3Model::open_with(root, &device, &opts.load, report)?;
         let tok = Tokenizer::from_dir(root)?;
         Ok(Engine {

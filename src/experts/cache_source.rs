@@ -123,7 +123,7 @@ impl DiskCache {
             );
         }
         let json = serde_json::to_vec_pretty(ids).map_err(|e| crate::Error::Msg(e.to_string()))?;
-        crate::atomic::write_atomic(&self.source_path(), &json)?;
+        crate::fsio::atomic::write_atomic(&self.source_path(), &json)?;
         Ok(removed)
     }
 }

@@ -8,6 +8,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::fsio::checksum;
 use crate::{Error, Result};
 
 /// Whether to keep expert reads out of the OS page cache.
@@ -40,20 +41,6 @@ pub fn drop_from_page_cache(f: &File, start: u64, len: u64, advice: CacheAdvice)
     }
     #[cfg(not(target_os = "linux"))]
     let _ = (f, start, len);
-}
-
-/// A fast 64-bit checksum of a byte string (not cryptographic): detects corrupted cache files.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0x9E37_79B9_7F4A_7C15 ^ bytes.len() as u64;
-    let mut it = bytes.chunks_exact(8);
-    for w in &mut it {
-        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-        h = (h ^ v).wrapping_mul(0x100_0000_01B3).rotate_left(29);
-    }
-    for &b in it.remainder() {
-        h = (h ^ b as u64).wrapping_mul(0x100_0000_01B3);
-    }
-    h ^ (h >> 31)
 }
 
 /// Marks a freshly opened file uncached where the OS does that per descriptor (macOS
@@ -172,6 +159,6 @@ impl DiskCache {
     }
 
     fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        crate::atomic::write_atomic(path, bytes)
+        crate::fsio::atomic::write_atomic(path, bytes)
     }
 }

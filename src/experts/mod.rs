@@ -8,7 +8,6 @@ use std::sync::{Arc, RwLock};
 use crate::checkpoint::{ExpertIndex, ExpertSpan, Inventory, ShardFiles};
 use crate::{Error, Result};
 
-pub mod buf;
 pub mod cache_source;
 pub mod disk;
 mod prefetch;
@@ -17,13 +16,13 @@ mod remote;
 mod stats;
 pub mod tiered;
 
-pub use buf::{BufPool, ExpertBuf};
+use crate::fsio::PooledBuf;
 pub use disk::{drop_from_page_cache_all, CacheAdvice, DiskCache};
 pub use ram::RamTier;
 pub use tiered::{ExpertStats, Tier, TieredExperts, TieredOptions};
 
 /// The bytes of one expert, shared without copying.
-pub type ExpertBytes = Arc<ExpertBuf>;
+pub type ExpertBytes = Arc<PooledBuf>;
 
 /// Supplies routed-expert bytes to a MoE layer.
 pub trait ExpertProvider: Send + Sync {
@@ -116,7 +115,7 @@ impl ExpertProvider for ShardExperts {
                 out.push(b.clone());
                 continue;
             }
-            let b: ExpertBytes = Arc::new(ExpertBuf::owned(self.read_span(layer, e)?));
+            let b: ExpertBytes = Arc::new(PooledBuf::owned(self.read_span(layer, e)?));
             self.cache
                 .write()
                 .map_err(|_| Error::Msg("expert cache poisoned".into()))?

@@ -149,7 +149,7 @@ mod tests {
     use super::*;
 
     fn b(n: usize) -> ExpertBytes {
-        std::sync::Arc::new(super::super::ExpertBuf::owned(vec![0u8; n]))
+        std::sync::Arc::new(crate::fsio::PooledBuf::owned(vec![0u8; n]))
     }
 
     #[test]

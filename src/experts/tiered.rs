@@ -10,13 +10,13 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::buf::{BufPool, ExpertBuf};
 use super::disk::{CacheAdvice, DiskCache};
 use super::prefetch::{Found, Prefetcher};
 use super::ram::{ExpertKey, RamTier};
 pub use super::stats::ExpertStats;
 use super::{read_span_into, ExpertBytes, ExpertProvider};
 use crate::checkpoint::{ExpertIndex, Inventory, ShardFiles};
+use crate::fsio::{BufPool, PooledBuf};
 use crate::hub::HubRepo;
 use crate::{Error, Result};
 
@@ -32,7 +32,7 @@ pub enum Tier {
 }
 
 /// One expert's bytes and where they came from.
-pub(crate) type Read = (ExpertBuf, Tier);
+pub(crate) type Read = (PooledBuf, Tier);
 
 /// Settings of the tiered store.
 #[derive(Debug, Clone)]
@@ -164,7 +164,7 @@ impl Inner {
                             "hub fetch of expert {e} of layer {layer} returned nothing"
                         ))
                     })?;
-                    out[k] = Some((ExpertBuf::owned(b), Tier::Hub));
+                    out[k] = Some((PooledBuf::owned(b), Tier::Hub));
                 }
             }
         }
@@ -190,7 +190,7 @@ impl Inner {
         Ok(got
             .into_iter()
             .next()
-            .map(|(_, b)| (ExpertBuf::owned(b), Tier::Hub)))
+            .map(|(_, b)| (PooledBuf::owned(b), Tier::Hub)))
     }
 
     fn fetch(self: &Arc<Self>, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {

@@ -54,7 +54,7 @@ fn sweep_parts(root: &Path, file: &str, keep: &str) {
 /// Records what the hub said about the shards now in place (`deltafin-meta/shards.json`).
 pub fn write_hub_shards(root: &Path, shards: &BTreeMap<String, HubShard>) -> Result<()> {
     let json = serde_json::to_vec_pretty(shards).map_err(|e| Error::Msg(e.to_string()))?;
-    crate::atomic::write_atomic(&hub_shards_path(root), &json)
+    crate::fsio::atomic::write_atomic(&hub_shards_path(root), &json)
 }
 
 /// Downloads one shard (or keeps the one in place) and returns what to record for it.
@@ -146,6 +146,6 @@ pub fn download_shard(
         }
     }
     std::fs::rename(&part, &dest).map_err(|e| Error::io(&dest, e))?;
-    crate::atomic::sync_parent(&dest)?;
+    crate::fsio::atomic::sync_parent(&dest)?;
     Ok(done)
 }

@@ -5,19 +5,18 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::atomic::write_atomic;
 use crate::checkpoint::inventory::{discover_shards, remote_headers_dir};
 use crate::checkpoint::{ExpertIndex, Inventory, StDtype};
 use crate::experts::{CacheAdvice, DiskCache, TieredExperts, TieredOptions};
+use crate::fsio::atomic::write_atomic;
 use crate::hub::HubRepo;
 use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, TensorBytes};
 use crate::{Error, K3Config, Result};
 
 mod download;
-mod lock;
 mod setup;
+use crate::fsio::{free_bytes, RootLock};
 pub use download::part_name;
-pub use lock::RootLock;
 pub use setup::setup;
 
 /// Where the install manifest lives.
@@ -104,28 +103,6 @@ pub struct Plan {
     pub free_bytes: u64,
     /// Bytes of all routed experts (what finishing a streaming install downloads).
     pub expert_bytes: u64,
-}
-
-/// Free bytes on the filesystem of `path` (`DELTAFIN_DISK_FREE` overrides, for tests; 0 when
-/// unknown).
-pub fn free_bytes(path: &Path) -> u64 {
-    if let Some(v) = std::env::var("DELTAFIN_DISK_FREE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        return v;
-    }
-    fs_free(path).unwrap_or(0)
-}
-
-/// Free bytes on the filesystem of `path` for an unprivileged user (`statvfs`), if known.
-pub fn fs_free(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0)
-        .then(|| s.f_bavail as u64 * s.f_frsize as u64)
 }
 
 /// Tensor bytes fetched by range from the hub.

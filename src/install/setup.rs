@@ -60,7 +60,7 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
     // A re-run replaces the install: until it finishes, the root is an interrupted setup, not
     // the old install with some new files.
     match std::fs::remove_file(manifest_path(root)) {
-        Ok(()) => crate::atomic::sync_parent(&manifest_path(root))?,
+        Ok(()) => crate::fsio::atomic::sync_parent(&manifest_path(root))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(manifest_path(root), e)),
     }

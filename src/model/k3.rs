@@ -2,7 +2,6 @@
 //! Attention Residuals, and the tail. Small tensors are loaded once; each layer's matrices come
 //! from the `Spine` at every pass (pinned or streamed through the template buffers).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use candle::{Device, Tensor};
@@ -16,11 +15,11 @@ use super::options::ModelOptions;
 use super::profile::{lap, LayerTiming};
 use super::state::{LayerState, SeqState};
 use super::weights::LayerWeights;
-use crate::checkpoint::{ExpertIndex, Inventory};
+
 use crate::compute::dense;
 use crate::config::{AttnKind, FfnKind, K3Config};
-use crate::experts::{DiskCache, ExpertProvider, TieredOptions};
-use crate::spine::source::{Spine, SpineOptions};
+use crate::experts::ExpertProvider;
+use crate::spine::source::Spine;
 use crate::Result;
 
 enum Attn {
@@ -68,37 +67,6 @@ pub struct K3Model {
 }
 
 impl K3Model {
-    /// Loads a plain checkpoint directory (config.json + shards) onto `device` under the memory
-    /// plan (`K3Model::open` with default `LoadOptions`): the spine from its converted store when
-    /// present (else the shards), pinned as far as the plan allows; experts streamed by a
-    /// `TieredExperts` store over the local shards.
-    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
-        Self::open(dir, device, &super::load::LoadOptions::default())
-    }
-
-    /// `from_dir` with explicit expert-store and spine settings and no memory plan (tests and
-    /// benchmarks that choose every size themselves).
-    pub fn from_dir_with(
-        dir: &Path,
-        device: &Device,
-        opts: &TieredOptions,
-        cache: Option<DiskCache>,
-        spine: &SpineOptions,
-    ) -> Result<Self> {
-        let cfg = K3Config::from_file(&dir.join("config.json"))?;
-        let inv = Arc::new(Inventory::from_dir(dir)?);
-        let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
-        let spine = Arc::new(Spine::open(
-            dir,
-            inv.clone(),
-            cfg.num_layers(),
-            device,
-            spine,
-        )?);
-        let experts = Arc::new(crate::install::expert_store(dir, inv, index, opts, cache)?);
-        Self::load(cfg, spine, experts)
-    }
-
     /// Builds the model from a config, a spine and an expert provider.
     pub fn load(
         cfg: K3Config,

@@ -4,7 +4,6 @@ pub mod attn_res;
 pub mod k3;
 pub mod kda;
 pub mod kda_kernels;
-pub mod load;
 pub mod mla;
 pub mod mla_cache;
 pub mod moe;
@@ -17,7 +16,6 @@ pub mod weights;
 
 pub use k3::{K3Model, RouteTrace};
 pub use kda::KdaMode;
-pub use load::LoadOptions;
 pub use mla::MlaMode;
 pub use moe::{route, Route};
 pub use options::ModelOptions;

@@ -5,6 +5,8 @@
 pub mod expert;
 pub mod format;
 pub mod kernels;
+#[cfg(feature = "metal")]
+mod metal;
 pub mod op;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -12,7 +14,7 @@ pub mod x86;
 pub use expert::{situ, Mxfp4Expert};
 pub use format::{dequantize, e8m0, quantize, Mxfp4Matrix, E2M1, GROUP};
 pub use kernels::Kernel;
-pub use op::{matvec, Mxfp4Weights};
+pub use op::{matvec, matvec_io, with_last_dim, MatvecIo, Mxfp4Weights};
 
 use rayon::prelude::*;
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use candle::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use candle::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
 use super::format::Mxfp4Matrix;
 use super::kernels::Kernel;
@@ -18,7 +18,7 @@ pub struct Mxfp4Weights {
     kernel: Kernel,
     /// The bytes uploaded to a Metal device (once per device).
     #[cfg(feature = "metal")]
-    uploaded: Arc<crate::gpu::metal::Uploaded>,
+    uploaded: Arc<super::metal::Uploaded>,
 }
 
 impl Mxfp4Weights {
@@ -79,7 +79,7 @@ impl CustomOp1 for Mxfp4Weights {
         layout: &Layout,
     ) -> candle::Result<(CpuStorage, Shape)> {
         use candle::backend::BackendStorage;
-        let io = crate::compute::matvec_io(
+        let io = matvec_io(
             "mxfp4 matvec",
             storage.dtype(),
             layout,
@@ -99,11 +99,55 @@ impl CustomOp1 for Mxfp4Weights {
         storage: &candle::MetalStorage,
         layout: &Layout,
     ) -> candle::Result<(candle::MetalStorage, Shape)> {
-        crate::gpu::metal::mxfp4_matvec(self, &self.uploaded, storage, layout)
+        super::metal::mxfp4_matvec(self, &self.uploaded, storage, layout)
     }
 }
 
 /// `W x` over the last dimension of `x` (f32, any leading dims).
 pub fn matvec(x: &Tensor, w: &Mxfp4Weights) -> candle::Result<Tensor> {
     x.contiguous()?.apply_op1_no_bwd(w)
+}
+
+/// `dims` with the last dimension set to `n`: the shape of `x · Wᵀ` for `W` with `n` rows.
+pub fn with_last_dim(dims: &[usize], n: usize) -> Vec<usize> {
+    let mut out = dims.to_vec();
+    if let Some(l) = out.last_mut() {
+        *l = n;
+    }
+    out
+}
+
+/// What a matrix-vector custom op needs of its input `[.., cols]` (f32, contiguous).
+pub struct MatvecIo {
+    /// First element of the input in its storage.
+    pub start: usize,
+    /// Input rows (product of the leading dimensions).
+    pub tokens: usize,
+    /// Output shape `[.., rows]`.
+    pub shape: Shape,
+}
+
+/// Checks a matvec op's input (`op` names the op in errors) and derives its `MatvecIo`.
+pub fn matvec_io(
+    op: &str,
+    dtype: DType,
+    layout: &Layout,
+    cols: usize,
+    rows: usize,
+) -> candle::Result<MatvecIo> {
+    if dtype != DType::F32 {
+        candle::bail!("{op}: input must be f32, got {dtype:?}");
+    }
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle::bail!("{op}: input must be contiguous");
+    };
+    let dims = layout.shape().dims();
+    if dims.last().copied() != Some(cols) {
+        candle::bail!("{op}: input {dims:?} does not end in {cols} columns");
+    }
+    Ok(MatvecIo {
+        start,
+        tokens: (end - start).checked_div(cols).unwrap_or(0),
+        shape: Shape::from(with_last_dim(dims, rows)),
+    })
 }

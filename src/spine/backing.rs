@@ -13,7 +13,7 @@ use super::layer::{packed_len, parse_header, read_file_sized, Entry, LayerData};
 use super::source::{Spine, SpineChoice};
 use super::ShardSpine;
 use crate::checkpoint::{Inventory, StDtype};
-use crate::experts::BufPool;
+use crate::fsio::BufPool;
 use crate::{Error, Result};
 
 pub(super) enum Backing {

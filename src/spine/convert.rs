@@ -122,7 +122,7 @@ impl TensorBytes for StoreTensors<'_> {
             .map_err(|_| Error::Msg("store reader poisoned".into()))?;
         if open.as_ref().is_none_or(|(p, _)| *p != path) {
             *open = None; // free the previous file before reading the next
-            let ld = super::layer::read_file(&path, &crate::experts::BufPool::new(0))?;
+            let ld = super::layer::read_file(&path, &crate::fsio::BufPool::new(0))?;
             if ld.source() != Some(self.fingerprint.as_str()) {
                 return Err(Error::Msg(format!(
                     "{} was built from another checkpoint (source {}, the checkpoint is {}): re-run `deltafin setup` to rebuild the BF16 store first",
@@ -289,10 +289,10 @@ pub fn convert_spine_from(
     format: SpineFormat,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<PathBuf> {
-    let _lock = crate::install::RootLock::acquire(out_root)?;
+    let _lock = crate::fsio::RootLock::acquire(out_root)?;
     let dir = store_dir(out_root, format);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    for t in crate::atomic::sweep(&dir) {
+    for t in crate::fsio::atomic::sweep(&dir) {
         tracing::warn!(
             "removed {} (left by an interrupted conversion)",
             t.display()

@@ -17,8 +17,8 @@ use candle::{Device, Tensor};
 
 use super::to_f32;
 use crate::checkpoint::StDtype;
-use crate::experts::disk::checksum;
-use crate::experts::{BufPool, ExpertBuf};
+use crate::fsio::checksum;
+use crate::fsio::{BufPool, PooledBuf};
 use crate::{Error, Result};
 
 /// File magic.
@@ -45,7 +45,7 @@ pub struct Entry {
 
 /// The tensors of one layer (or of the tail) in one buffer.
 pub struct LayerData {
-    pub(super) buf: ExpertBuf,
+    pub(super) buf: PooledBuf,
     /// Tensors in layout order (file order, or gather order for the shards).
     pub(super) entries: Vec<Entry>,
     /// Name → position in `entries` (for lookups by name, never on the hot path).
@@ -53,7 +53,7 @@ pub struct LayerData {
     /// The checkpoint fingerprint the file was built from (`None`: a packed or legacy buffer).
     source: Option<String>,
     /// The same bytes on the compute device (a template layer or a pinned copy), if any.
-    pub(super) device: Option<crate::gpu::DeviceLayer>,
+    pub(super) device: Option<super::DeviceCopy>,
 }
 
 pub(super) fn dtype_of(e: &Entry) -> Result<StDtype> {
@@ -72,7 +72,7 @@ impl LayerData {
             buf[e.offset..e.offset + e.len].copy_from_slice(b);
         }
         LayerData {
-            buf: ExpertBuf::owned(buf),
+            buf: PooledBuf::owned(buf),
             index: index_of(&entries),
             entries,
             source: None,
@@ -140,7 +140,7 @@ impl LayerData {
     }
 
     /// Records where the same bytes lie on the compute device.
-    pub fn attach_device(&mut self, device: crate::gpu::DeviceLayer) {
+    pub fn attach_device(&mut self, device: super::DeviceCopy) {
         self.device = Some(device);
     }
 
@@ -283,7 +283,7 @@ pub fn write_file(
 ) -> Result<()> {
     use std::io::Write;
     let (header, entries, end) = header_for(tensors, source);
-    crate::atomic::write_atomic_with(path, |w| {
+    crate::fsio::atomic::write_atomic_with(path, |w| {
         w.write_all(&header).map_err(|e| Error::io(path, e))?;
         let mut pos = header.len();
         for (e, (_, _, _, b)) in entries.iter().zip(tensors) {

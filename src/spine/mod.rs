@@ -6,11 +6,13 @@ pub mod convert;
 pub mod dense;
 #[cfg(target_arch = "x86_64")]
 mod dense_x86;
+pub mod device;
 pub mod layer;
 pub mod slot;
 pub mod source;
 
 pub use backing::choose_pinned;
+pub use device::{DeviceCopy, DeviceRef, DeviceSide};
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;

@@ -131,7 +131,11 @@ impl LayerData {
             }
         };
         let mut m = DenseMatrix::new(data, s.rows, s.cols)?;
-        m.device = self.device.as_ref().map(|d| d.view(e.offset, scale_offset));
+        m.device = self.device.as_deref().map(|copy| super::DeviceRef {
+            copy,
+            data: e.offset,
+            scales: scale_offset,
+        });
         Ok(m)
     }
 }

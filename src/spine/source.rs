@@ -15,7 +15,7 @@ use super::convert::{global_names, is_small, layer_names, SpineFormat};
 use super::layer::{parse_header, read_file, Entry, LayerData};
 use super::to_f32;
 use crate::checkpoint::{Inventory, StDtype};
-use crate::experts::BufPool;
+use crate::fsio::BufPool;
 use crate::{Error, Result};
 
 /// Which spine to use.
@@ -30,7 +30,7 @@ pub enum SpineChoice {
 }
 
 /// Spine settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SpineOptions {
     /// Format choice.
     pub choice: SpineChoice,
@@ -40,6 +40,21 @@ pub struct SpineOptions {
     pub pin: Option<Vec<bool>>,
     /// Streamed layers in flight (2 = double buffering).
     pub in_flight: usize,
+    /// The compute device's side (template layers, pinned copies), from
+    /// `compute::spine_device`; `None`: the host kernels read the host bytes.
+    pub device_side: Option<Arc<dyn super::DeviceSide>>,
+}
+
+impl std::fmt::Debug for SpineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpineOptions")
+            .field("choice", &self.choice)
+            .field("resident_bytes", &self.resident_bytes)
+            .field("pin", &self.pin)
+            .field("in_flight", &self.in_flight)
+            .field("device_side", &self.device_side.is_some())
+            .finish()
+    }
 }
 
 impl Default for SpineOptions {
@@ -49,6 +64,7 @@ impl Default for SpineOptions {
             resident_bytes: None,
             pin: None,
             in_flight: 2,
+            device_side: None,
         }
     }
 }
@@ -75,7 +91,7 @@ impl std::ops::Deref for LayerRef {
 pub struct Spine {
     inner: Arc<Inner>,
     /// Template layers and pinned copies on the compute device (Metal), if any.
-    gpu: Option<crate::gpu::SpineDevice>,
+    gpu: Option<Arc<dyn super::DeviceSide>>,
     device: Device,
     pinned: Vec<Option<Arc<LayerData>>>,
     layer_bytes: Vec<u64>,
@@ -102,7 +118,7 @@ impl Spine {
             format,
             pool: BufPool::new(opts.in_flight.max(1)),
         });
-        let gpu = crate::gpu::SpineDevice::new(device)?;
+        let gpu = opts.device_side.clone();
         // A pinned layer on the GPU also has a device copy (the host one serves the host-side
         // ops), so on unified memory it costs twice its size.
         let budget = opts.resident_bytes.unwrap_or(u64::MAX) / if gpu.is_some() { 2 } else { 1 };

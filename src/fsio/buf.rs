@@ -1,4 +1,4 @@
-//! Expert buffers: page-aligned allocations recycled through a pool, so the hot read path
+//! Pooled buffers (expert spans, streamed spine layers): page-aligned allocations recycled through a pool, so the hot read path
 //! neither maps fresh memory (page faults) nor frees it per token. `O_DIRECT`-ready.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -94,13 +94,13 @@ impl BufPool {
     }
 
     /// A buffer of exactly `len` visible bytes (contents unspecified), recycled when possible.
-    pub fn take(self: &Arc<Self>, len: usize) -> Result<ExpertBuf> {
+    pub fn take(self: &Arc<Self>, len: usize) -> Result<PooledBuf> {
         self.take_sized(len, len)
     }
 
     /// `take`, but a fresh allocation gets at least `cap` bytes of capacity, so every buffer
     /// of a pool of template layers fits any layer and the pool never grows past its users.
-    pub fn take_sized(self: &Arc<Self>, len: usize, cap: usize) -> Result<ExpertBuf> {
+    pub fn take_sized(self: &Arc<Self>, len: usize, cap: usize) -> Result<PooledBuf> {
         let reused = self.free.lock().ok().and_then(|mut f| {
             let i = f.iter().position(|b| b.capacity() >= len)?;
             Some(f.swap_remove(i))
@@ -110,7 +110,7 @@ impl BufPool {
             None => AlignedBuf::new(len.max(cap))?,
         };
         b.set_len(len);
-        Ok(ExpertBuf(Inner::Pooled(Some(b), Arc::downgrade(self))))
+        Ok(PooledBuf(Inner::Pooled(Some(b), Arc::downgrade(self))))
     }
 
     /// Idle buffers held.
@@ -134,16 +134,16 @@ enum Inner {
 
 /// The bytes of one expert: owned, or a pooled aligned buffer that returns to its pool when
 /// dropped.
-pub struct ExpertBuf(Inner);
+pub struct PooledBuf(Inner);
 
-impl ExpertBuf {
+impl PooledBuf {
     /// Wraps owned bytes.
     pub fn owned(v: Vec<u8>) -> Self {
-        ExpertBuf(Inner::Owned(v))
+        PooledBuf(Inner::Owned(v))
     }
 }
 
-impl ExpertBuf {
+impl PooledBuf {
     /// For a pooled buffer: its start and its whole allocation (a multiple of `ALIGN`, covering
     /// the visible bytes), so a GPU API may wrap the memory in place.
     pub fn aligned_region(&self) -> Option<(*const u8, usize)> {
@@ -154,13 +154,13 @@ impl ExpertBuf {
     }
 }
 
-impl From<Vec<u8>> for ExpertBuf {
+impl From<Vec<u8>> for PooledBuf {
     fn from(v: Vec<u8>) -> Self {
-        ExpertBuf::owned(v)
+        PooledBuf::owned(v)
     }
 }
 
-impl Deref for ExpertBuf {
+impl Deref for PooledBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match &self.0 {
@@ -171,7 +171,7 @@ impl Deref for ExpertBuf {
     }
 }
 
-impl DerefMut for ExpertBuf {
+impl DerefMut for PooledBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         match &mut self.0 {
             Inner::Owned(v) => v,
@@ -181,13 +181,13 @@ impl DerefMut for ExpertBuf {
     }
 }
 
-impl std::fmt::Debug for ExpertBuf {
+impl std::fmt::Debug for PooledBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ExpertBuf({} bytes)", self.len())
+        write!(f, "PooledBuf({} bytes)", self.len())
     }
 }
 
-impl Drop for ExpertBuf {
+impl Drop for PooledBuf {
     fn drop(&mut self) {
         if let Inner::Pooled(b, pool) = &mut self.0 {
             if let (Some(b), Some(p)) = (b.take(), pool.upgrade()) {
@@ -210,7 +210,7 @@ mod tests {
         let (start, cap) = a.aligned_region().unwrap();
         assert_eq!((start, cap % ALIGN), (a.as_ptr(), 0));
         assert!(cap >= a.len());
-        assert!(ExpertBuf::owned(vec![1, 2]).aligned_region().is_none());
+        assert!(PooledBuf::owned(vec![1, 2]).aligned_region().is_none());
         let p = a.as_ptr();
         drop(a);
         assert_eq!(pool.idle(), 1);

@@ -5,26 +5,17 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle::{Device, MetalDevice};
+use candle::MetalDevice;
 use candle_metal_kernels::metal::Buffer;
 
+use crate::shaders::{shared_buffer, write_shared};
 use crate::spine::layer::LayerData;
+use crate::spine::{DeviceRef, DeviceSide};
 use crate::{Error, Result};
 
-/// A layer's bytes on the device.
-pub struct DeviceLayer {
+/// A layer's bytes on the device (the spine holds it as an opaque `DeviceCopy`).
+struct DeviceLayer {
     buffer: Arc<Buffer>,
-}
-
-impl DeviceLayer {
-    /// The view of the tensor at `offset` (and its row scales at `scale_offset`) in the layer.
-    pub fn view(&self, offset: usize, scale_offset: usize) -> DeviceView<'_> {
-        DeviceView {
-            buffer: &self.buffer,
-            data: offset,
-            scales: scale_offset,
-        }
-    }
 }
 
 /// Where a matrix's bytes lie on the device.
@@ -33,6 +24,21 @@ pub struct DeviceView<'a> {
     pub(crate) buffer: &'a Buffer,
     pub(crate) data: usize,
     pub(crate) scales: usize,
+}
+
+impl<'a> DeviceView<'a> {
+    /// The view of a matrix in its layer's device copy (made by `SpineDevice`).
+    pub fn of(at: &DeviceRef<'a>) -> Result<Self> {
+        let layer = at
+            .copy
+            .downcast_ref::<DeviceLayer>()
+            .ok_or_else(|| err("a layer's device copy was not made by the Metal spine device"))?;
+        Ok(DeviceView {
+            buffer: &layer.buffer,
+            data: at.data,
+            scales: at.scales,
+        })
+    }
 }
 
 impl std::fmt::Debug for DeviceView<'_> {
@@ -57,27 +63,26 @@ fn err(e: impl std::fmt::Display) -> Error {
 }
 
 impl SpineDevice {
-    /// The device side for `device`, or `None` when it needs none (not Metal).
-    pub fn new(device: &Device) -> Result<Option<Self>> {
-        match device {
-            Device::Metal(d) => Ok(Some(SpineDevice {
-                device: d.clone(),
-                templates: Mutex::new([None, None]),
-            })),
-            _ => Ok(None),
+    /// The spine's side on `device`, with no template allocated yet.
+    pub fn new(device: MetalDevice) -> Self {
+        SpineDevice {
+            device,
+            templates: Mutex::new([None, None]),
         }
     }
+}
 
+impl DeviceSide for SpineDevice {
     /// Gives a pinned layer its own device copy (made once; never re-read).
-    pub fn pin(&self, layer: &mut LayerData) -> Result<()> {
-        let buffer = super::shared_buffer(&self.device, layer.raw().len())?;
-        super::write_shared(&buffer, 0, layer.raw())?;
-        layer.attach_device(DeviceLayer { buffer });
+    fn pin(&self, layer: &mut LayerData) -> Result<()> {
+        let buffer = shared_buffer(&self.device, layer.raw().len())?;
+        write_shared(&buffer, 0, layer.raw())?;
+        layer.attach_device(Box::new(DeviceLayer { buffer }));
         Ok(())
     }
 
     /// Copies a streamed layer into the template of its kind.
-    pub fn upload(&self, layer: &mut LayerData) -> Result<()> {
+    fn upload(&self, layer: &mut LayerData) -> Result<()> {
         let kind = usize::from(layer.has("self_attn.kv_b_proj.weight"));
         let len = layer.raw().len();
         let mut t = self.templates.lock().map_err(err)?;
@@ -89,13 +94,13 @@ impl SpineDevice {
                 self.device.unregister_buffers([&*old]);
             }
             tracing::debug!(kind, len, "allocating a template layer on the GPU");
-            t[kind] = Some(super::shared_buffer(&self.device, len)?);
+            t[kind] = Some(shared_buffer(&self.device, len)?);
         }
         let buffer = t[kind]
             .clone()
             .ok_or_else(|| err("template not allocated"))?;
-        super::write_shared(&buffer, 0, layer.raw())?;
-        layer.attach_device(DeviceLayer { buffer });
+        write_shared(&buffer, 0, layer.raw())?;
+        layer.attach_device(Box::new(DeviceLayer { buffer }));
         Ok(())
     }
 }

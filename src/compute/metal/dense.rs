@@ -10,6 +10,7 @@ use candle_metal_kernels::utils::{Input, Output};
 
 use super::spine::DeviceView;
 use crate::spine::dense::{DenseData, DenseMatrix};
+use crate::spine::DeviceRef;
 
 /// The GEMV of one spine matrix whose bytes are on the device ("weights live in the op, the
 /// activations are the tensor", as Candle's `QTensor`).
@@ -59,7 +60,7 @@ impl CustomOp1 for DenseOp<'_> {
         layout: &Layout,
     ) -> candle::Result<(MetalStorage, Shape)> {
         let device = storage.device();
-        let io = crate::compute::matvec_io(
+        let io = crate::mxfp4::matvec_io(
             "deltafin-dense",
             storage.dtype(),
             layout,
@@ -75,14 +76,14 @@ impl CustomOp1 for DenseOp<'_> {
             .build()?;
         if n > 0 {
             // Host-side work (library, pipeline) before the encoder guard is taken.
-            let k = super::kernels(device)?;
+            let k = crate::shaders::kernels(device)?;
             let name = match self.kind {
                 Kind::F32 => "f32_gemv",
                 Kind::Bf16 => "bf16_gemv",
                 Kind::I8 => "int8_gemv",
             };
             let pipeline = k.pipeline(device, name)?;
-            let (groups, per_group) = super::linear_split(&pipeline, n);
+            let (groups, per_group) = crate::shaders::linear_split(&pipeline, n);
             let (rows, cols, t) = (self.rows as u32, self.cols as u32, tokens as u32);
             let w = Input::with_offset(self.view.buffer, self.view.data);
             let x = Input::with_offset(storage.buffer(), start * DType::F32.size_in_bytes());
@@ -108,7 +109,8 @@ impl CustomOp1 for DenseOp<'_> {
     }
 }
 
-/// `x · Wᵀ` for `x` on a Metal device and `W`'s bytes at `view`.
-pub fn dense(x: &Tensor, w: &DenseMatrix, view: &DeviceView) -> crate::Result<Tensor> {
-    Ok(x.contiguous()?.apply_op1_no_bwd(&DenseOp::new(w, *view))?)
+/// `x · Wᵀ` for `x` on a Metal device and `W`'s bytes at `at` in its layer's device copy.
+pub fn dense(x: &Tensor, w: &DenseMatrix, at: &DeviceRef) -> crate::Result<Tensor> {
+    let view = DeviceView::of(at)?;
+    Ok(x.contiguous()?.apply_op1_no_bwd(&DenseOp::new(w, view))?)
 }

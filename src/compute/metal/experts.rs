@@ -1,22 +1,21 @@
 //! MXFP4 on Metal: one layer's selected experts in two dispatches (gate+up with SiTU for every
-//! (expert, row) pair, then down), reading the experts' raw spans from a staging buffer; and the
-//! generic `Mxfp4Weights` op's `metal_fwd`.
+//! (expert, row) pair, then down), reading the experts' raw spans from a staging buffer.
 
 use std::sync::Arc;
 
-use candle::backend::BackendStorage;
-use candle::{DType, Layout, MetalDevice, MetalStorage, Shape};
+use candle::{DType, MetalDevice};
 use candle_metal_kernels::metal::{Buffer, ComputeCommandEncoder};
 use candle_metal_kernels::set_params;
 use candle_metal_kernels::utils::{Input, Output};
 
-use super::{kernels, linear_split, shared_buffer, write_shared};
-use crate::experts::{ExpertBuf, ExpertBytes};
+use crate::experts::ExpertBytes;
+use crate::fsio::PooledBuf;
+use crate::shaders::{kernels, linear_split, shared_buffer, write_shared};
 use objc2_metal::MTLDevice;
 
 /// The host memory of a pooled expert buffer as a Metal buffer, without copying: only when the
 /// allocation is page-aligned and a whole number of pages (`newBufferWithBytesNoCopy`'s rule).
-fn wrap_no_copy(device: &MetalDevice, b: &ExpertBuf) -> Option<Buffer> {
+fn wrap_no_copy(device: &MetalDevice, b: &PooledBuf) -> Option<Buffer> {
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
     let (ptr, cap) = b.aligned_region()?;
@@ -97,7 +96,7 @@ pub fn run_experts(
     let stage: Option<Arc<Buffer>> = if total == 0 {
         None
     } else {
-        let mut slot = k.stage.lock().map_err(super::metal_err)?;
+        let mut slot = k.stage.lock().map_err(crate::shaders::metal_err)?;
         // The previous layer's dispatch may still read the staging buffer.
         device.wait_until_completed()?;
         if slot.as_ref().is_none_or(|b| b.length() < total) {
@@ -205,62 +204,4 @@ pub fn run_experts(
     }
     drop(wrapped);
     Ok(out)
-}
-
-/// An MXFP4 matrix's packed codes and scales on one device.
-pub type Uploaded =
-    std::sync::Mutex<Option<(candle::metal_backend::DeviceId, Arc<Buffer>, Arc<Buffer>)>>;
-
-/// `metal_fwd` of `Mxfp4Weights`: the packed codes and scales are uploaded once per device (kept
-/// by the op), then one `mxfp4_gemv` dispatch per input row.
-pub fn mxfp4_matvec(
-    w: &crate::mxfp4::Mxfp4Weights,
-    uploaded: &Uploaded,
-    storage: &MetalStorage,
-    layout: &Layout,
-) -> candle::Result<(MetalStorage, Shape)> {
-    let device = storage.device();
-    let m = w.matrix();
-    let io = crate::compute::matvec_io("mxfp4 matvec", storage.dtype(), layout, m.cols, m.rows)?;
-    let (start, tokens) = (io.start, io.tokens);
-    let (packed, scales) = {
-        let mut u = uploaded.lock().map_err(super::metal_err)?;
-        match u.as_ref() {
-            Some((id, p, s)) if *id == device.id() => (p.clone(), s.clone()),
-            _ => {
-                let p = device.new_buffer_with_data(m.packed)?;
-                let s = device.new_buffer_with_data(m.scales)?;
-                *u = Some((device.id(), p.clone(), s.clone()));
-                (p, s)
-            }
-        }
-    };
-    let n = tokens * m.rows;
-    let output = device
-        .new_buffer_builder()
-        .with_size_for(n, DType::F32)
-        .with_label("mxfp4-matvec")
-        .build()?;
-    if n > 0 {
-        let pipeline = kernels(device)?.pipeline(device, "mxfp4_gemv")?;
-        let (g, t) = linear_split(&pipeline, m.rows);
-        let (rows, cols) = (m.rows as u32, m.cols as u32);
-        let encoder = device.command_encoder()?;
-        encoder.set_label("mxfp4-matvec");
-        let enc: &ComputeCommandEncoder = encoder.as_ref();
-        enc.set_compute_pipeline_state(&pipeline);
-        for tok in 0..tokens {
-            let x = Input::with_offset(storage.buffer(), 4 * (start + tok * m.cols));
-            let y = Output::with_offset(&output, 4 * tok * m.rows);
-            set_params!(
-                enc,
-                (Input::new(&packed), Input::new(&scales), x, y, rows, cols)
-            );
-            enc.dispatch_thread_groups(g, t);
-        }
-    }
-    Ok((
-        MetalStorage::new(output, device.clone(), n, DType::F32),
-        io.shape,
-    ))
 }

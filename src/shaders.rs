@@ -1,12 +1,10 @@
-//! Metal glue for our shaders (`metal/*.metal`), modelled line by line on Candle 0.11.1's own
+//! Our Metal shader library (`metal/*.metal`) and its plumbing, shared by the MXFP4 op
+//! (`mxfp4::metal`) and the compute seam (`compute::metal`); it knows no model, spine or expert
+//! type. Metal glue for our shaders (`metal/*.metal`), modelled line by line on Candle 0.11.1's own
 //! Metal ops (candle-nn `ops.rs` rms_norm `metal_fwd`, candle-metal-kernels `call_*`): the
 //! library is compiled once per device from `include_str!` sources, pipelines are cached, every
 //! dispatch goes through the device's shared command encoder with written buffers bound as
 //! `Output`, and no other Candle op runs while the encoder guard is held.
-
-mod dense;
-mod experts;
-mod spine;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -16,16 +14,12 @@ use candle::MetalDevice;
 use candle_metal_kernels::metal::{Buffer, ComputePipeline, Library};
 use objc2_metal::MTLSize;
 
-pub use dense::{dense, DenseOp};
-pub use experts::{mxfp4_matvec, run_experts, Uploaded};
-pub use spine::{DeviceLayer, DeviceView, SpineDevice};
-
 /// The shader sources, joined behind one copy of the compatibility header (a source library has
 /// no include path).
 fn source() -> String {
-    const COMPAT: &str = include_str!("../../../metal/compat.h");
-    const MXFP4: &str = include_str!("../../../metal/mxfp4.metal");
-    const DENSE: &str = include_str!("../../../metal/dense.metal");
+    const COMPAT: &str = include_str!("../metal/compat.h");
+    const MXFP4: &str = include_str!("../metal/mxfp4.metal");
+    const DENSE: &str = include_str!("../metal/dense.metal");
     let strip = |s: &str| s.replace("#include \"compat.h\"", "");
     format!("{COMPAT}\n{}\n{}", strip(MXFP4), strip(DENSE))
 }
@@ -53,7 +47,7 @@ pub(crate) struct Kernels {
     pub(crate) stage: Mutex<Option<Arc<Buffer>>>,
 }
 
-fn metal_err(e: impl std::fmt::Display) -> candle::Error {
+pub(crate) fn metal_err(e: impl std::fmt::Display) -> candle::Error {
     candle::Error::Msg(format!("metal: {e}"))
 }
 

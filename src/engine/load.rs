@@ -1,18 +1,20 @@
 //! Loading a model under the memory plan: sizes every consumer from the config and the
-//! checkpoint, computes the `MemoryPlan`, and opens the spine and the expert store with the
+//! checkpoint, computes the `MemoryPlan`, and opens the spine (with the compute device's side)
+//! and the expert store (local shards, or the cache and the hub for a streaming install) with the
 //! plan's choices (pinned layers, RAM tier, prefetch cap, context limit). Every entry point that
-//! runs the model (`run`, `serve`, `bench`, `K3Model::from_dir`, the chat example) comes here.
+//! runs the model (`Engine::open`, `bench`, `K3Model::from_dir`) comes here; `model` itself only
+//! builds from a spine and an expert provider it is handed.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use candle::Device;
 
-use super::K3Model;
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, K3Config};
 use crate::experts::{DiskCache, TieredOptions};
 use crate::memory::{rss, Memory, MemoryPlan, PlanInputs};
+use crate::model::{K3Model, ModelOptions};
 use crate::spine::convert::{is_small, layer_names};
 use crate::spine::source::{Spine, SpineChoice, SpineOptions};
 use crate::Result;
@@ -108,14 +110,14 @@ pub fn plan_for(
         .map(|t| t.len() + 4 * t.shape.iter().product::<usize>() as u64)
         .sum();
     let (state_fixed, state_per_position) = state_bytes(cfg);
-    let defaults = super::ModelOptions::default();
+    let defaults = ModelOptions::default();
     MemoryPlan::new(&PlanInputs {
         memory: Memory::read(),
         limit_override: o.memory_limit,
         layer_bytes,
         global_bytes,
         small_bytes,
-        device_copies: crate::gpu::SpineDevice::new(device)?.is_some(),
+        device_copies: crate::compute::spine_device(device).is_some(),
         in_flight: SpineOptions::default().in_flight,
         expert_bytes: cfg.expert_span_bytes() as u64,
         expert_ram: o.expert_ram,
@@ -134,6 +136,41 @@ pub fn plan_for(
 }
 
 impl K3Model {
+    /// Loads a plain checkpoint directory (config.json + shards) onto `device` under the memory
+    /// plan (`K3Model::open` with default `LoadOptions`): the spine from its converted store when
+    /// present (else the shards), pinned as far as the plan allows; experts streamed by a
+    /// `TieredExperts` store over the local shards.
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Self> {
+        Self::open(dir, device, &LoadOptions::default())
+    }
+
+    /// `from_dir` with explicit expert-store and spine settings and no memory plan (tests and
+    /// benchmarks that choose every size themselves).
+    pub fn from_dir_with(
+        dir: &Path,
+        device: &Device,
+        opts: &TieredOptions,
+        cache: Option<DiskCache>,
+        spine: &SpineOptions,
+    ) -> Result<Self> {
+        let cfg = K3Config::from_file(&dir.join("config.json"))?;
+        let inv = Arc::new(Inventory::from_dir(dir)?);
+        let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
+        let mut spine = spine.clone();
+        if spine.device_side.is_none() {
+            spine.device_side = crate::compute::spine_device(device);
+        }
+        let spine = Arc::new(Spine::open(
+            dir,
+            inv.clone(),
+            cfg.num_layers(),
+            device,
+            &spine,
+        )?);
+        let experts = Arc::new(crate::install::expert_store(dir, inv, index, opts, cache)?);
+        Self::load(cfg, spine, experts)
+    }
+
     /// Loads a checkpoint directory under the memory plan (see `LoadOptions`).
     pub fn open(dir: &Path, device: &Device, o: &LoadOptions) -> Result<Self> {
         Self::open_with(dir, device, o, |p| tracing::info!("{p}"))
@@ -159,6 +196,7 @@ impl K3Model {
             &SpineOptions {
                 choice: o.spine,
                 pin: Some(plan.pinned.clone()),
+                device_side: crate::compute::spine_device(device),
                 ..Default::default()
             },
         )?);

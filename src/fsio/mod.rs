@@ -1,0 +1,48 @@
+//! Files and buffers under everything else: atomic publishing (`atomic`), page-aligned pooled
+//! buffers (`buf`), the one-writer-per-root lock (`lock`), the cache checksum and the free-space
+//! query. Knows nothing of models, checkpoints or devices; every other module may use it.
+
+use std::path::Path;
+
+pub mod atomic;
+pub mod buf;
+pub mod lock;
+
+pub use buf::{AlignedBuf, BufPool, PooledBuf, ALIGN};
+pub use lock::RootLock;
+
+/// A fast 64-bit checksum of a byte string (not cryptographic): detects corrupted cache files.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0x9E37_79B9_7F4A_7C15 ^ bytes.len() as u64;
+    let mut it = bytes.chunks_exact(8);
+    for w in &mut it {
+        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ v).wrapping_mul(0x100_0000_01B3).rotate_left(29);
+    }
+    for &b in it.remainder() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01B3);
+    }
+    h ^ (h >> 31)
+}
+
+/// Free bytes on the filesystem of `path` (`DELTAFIN_DISK_FREE` overrides, for tests; 0 when
+/// unknown).
+pub fn free_bytes(path: &Path) -> u64 {
+    if let Some(v) = std::env::var("DELTAFIN_DISK_FREE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return v;
+    }
+    fs_free(path).unwrap_or(0)
+}
+
+/// Free bytes on the filesystem of `path` for an unprivileged user (`statvfs`), if known.
+pub fn fs_free(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0)
+        .then(|| s.f_bavail as u64 * s.f_frsize as u64)
+}
