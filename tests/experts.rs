@@ -147,13 +147,14 @@ fn router_trace_has_one_line_per_token() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("router_trace.jsonl");
     let mut m = deltafin::K3Model::from_dir(&nano(), &candle::Device::Cpu).unwrap();
-    m.router_trace = Some(deltafin::model::RouterTrace::create(&path).unwrap());
+    let rt = std::sync::Arc::new(deltafin::model::RouterTrace::create(&path).unwrap());
+    m.observe(rt.clone());
     let mut st = m.new_state();
     let mut trace = deltafin::model::RouteTrace::new();
     m.forward_traced(&PROMPT, &mut st, Some(&mut trace))
         .unwrap();
     m.forward(&[1], &mut st).unwrap();
-    m.router_trace.as_ref().unwrap().flush().unwrap();
+    rt.flush().unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let lines: Vec<serde_json::Value> = text
         .lines()

@@ -297,3 +297,65 @@ fn matches_reference_on_other_shapes() {
         want = r.step(next).0;
     }
 }
+
+/// Records every event of a pass as a short name (with the layer).
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<(usize, String)>>);
+
+impl deltafin::model::Observer for Recorder {
+    fn on(&self, layer: usize, event: &deltafin::model::Event<'_>) {
+        use deltafin::model::Event;
+        let name = match event {
+            Event::PassStart { first_pos, tokens } => format!("start {first_pos} {tokens}"),
+            Event::LayerReady { attn, ffn } => format!("ready {attn} {ffn}"),
+            Event::AttentionIn => "attn-in".into(),
+            Event::Attention(t) => format!("attn {:?}", t.dims()),
+            Event::FfnIn => "ffn-in".into(),
+            Event::Routes(r) => format!("routes {}", r.len()),
+            Event::Ffn(t) => format!("ffn {:?}", t.dims()),
+            Event::LayerDone(t) => format!("done {:?}", t.dims()),
+            Event::PassEnd => "end".into(),
+        };
+        self.0.lock().unwrap().push((layer, name));
+    }
+}
+
+/// An attached observer sees each layer's events in order (routes only on MoE layers) and does
+/// not change the logits; the route collector sees the routes the reference chooses.
+#[test]
+fn observers_see_every_layer_in_order() {
+    let plain = model();
+    let mut m = model();
+    let rec = std::sync::Arc::new(Recorder::default());
+    m.observe(rec.clone());
+    let (mut a, mut b) = (plain.new_state(), m.new_state());
+    let want = logits(&plain, &PROMPT, &mut a);
+    let got = logits(&m, &PROMPT, &mut b);
+    assert_eq!(got, want, "an observer changed the logits");
+    let events = rec.0.lock().unwrap().clone();
+    let h = m.config().text().hidden_size;
+    let t = PROMPT.len();
+    let mut expect = vec![(0, format!("start 0 {t}"))];
+    for (l, kind) in m.config().schedule.iter().enumerate() {
+        let attn = format!("{:?}", kind.attn).to_lowercase();
+        let moe = matches!(kind.ffn, deltafin::config::FfnKind::Moe);
+        let ffn = if moe { "moe" } else { "dense" };
+        expect.push((l, format!("ready {attn} {ffn}")));
+        expect.push((l, "attn-in".into()));
+        expect.push((l, format!("attn [{t}, {h}]")));
+        expect.push((l, "ffn-in".into()));
+        if moe {
+            expect.push((l, format!("routes {t}")));
+        }
+        expect.push((l, format!("ffn [{t}, {h}]")));
+        expect.push((l, format!("done [{t}, {h}]")));
+    }
+    expect.push((0, "end".into()));
+    assert_eq!(events, expect);
+    // A decode step starts at the next position.
+    logits(&m, &[1], &mut b);
+    assert_eq!(
+        rec.0.lock().unwrap()[expect.len()],
+        (0, format!("start {t} 1"))
+    );
+}

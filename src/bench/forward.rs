@@ -148,8 +148,8 @@ pub fn breakdown_bench(
     emit(
         serde_json::json!({"figure": "bandwidth", "memory_read_gbps": mem_gbps, "shard_read_gbps": read_gbps}),
     );
-    let profile = std::sync::Arc::new(crate::model::LayerProfile::new());
-    model.layer_profile = Some(profile.clone());
+    let profile = std::sync::Arc::new(crate::model::LayerProfile::new(model.experts().clone()));
+    model.observe(profile.clone());
     let r = model.spine().report();
     let all_spine = r.resident_bytes + r.bytes_read_per_token;
     let vocab = model.config().text().vocab_size as u32;
@@ -205,7 +205,7 @@ pub fn breakdown_bench(
             }
         }
     }
-    model.layer_profile = None;
+    model.clear_observers();
     let mut summary = serde_json::json!({"figure": "decode_token_summary", "tokens": samples[0].len(),
         "spine_bytes_read": r.bytes_read_per_token, "memory_read_gbps": mem_gbps, "shard_read_gbps": read_gbps});
     for (k, s) in fields.iter().zip(samples) {

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 
 use crate::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
-use crate::experts::ExpertStats;
-use crate::model::RouterTrace;
+use crate::model::{LayerProfile, RouterTrace};
 use crate::tokenizer::StreamDecoder;
 use crate::{GenerateOptions, Generator};
 
@@ -61,33 +60,23 @@ pub struct RunArgs {
     pub store: StoreArgs,
 }
 
-fn stats_line(i: usize, s: &ExpertStats) -> String {
-    let mb = |b: u64| b as f64 / 1e6;
-    format!(
-        "token {i}: ram {} | prefetch hits {} | disk {} ({:.1} MB) | shards {} ({:.1} MB) | hub {} ({:.1} MB, {} requests) | wait {:.2} ms",
-        s.ram_experts,
-        s.prefetch_hits,
-        s.disk_experts,
-        mb(s.disk_bytes),
-        s.shard_experts,
-        mb(s.shard_bytes),
-        s.hub_experts,
-        mb(s.hub_bytes),
-        s.hub_requests,
-        s.read_wait_s * 1e3
-    )
-}
-
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let mut engine = load_engine(&a.model_root, &a.store, 0)?;
     let model = engine.model_mut();
-    model.router_trace = match &a.router_trace {
-        Some(p) => Some(RouterTrace::create(p)?),
-        None => RouterTrace::from_env(&std::env::current_dir()?)?,
+    // The pass observers: the router trace and the layer profile.
+    let router_trace = match &a.router_trace {
+        Some(p) => Some(Arc::new(RouterTrace::create(p)?)),
+        None => RouterTrace::from_env(&std::env::current_dir()?)?.map(Arc::new),
     };
-    if a.layer_profile {
-        model.layer_profile = Some(Arc::new(crate::model::LayerProfile::new()));
+    if let Some(rt) = &router_trace {
+        model.observe(rt.clone());
+    }
+    let profile = a
+        .layer_profile
+        .then(|| Arc::new(LayerProfile::new(model.experts().clone())));
+    if let Some(p) = &profile {
+        model.observe(p.clone());
     }
     let cancel = Arc::new(AtomicBool::new(false));
     {
@@ -139,10 +128,8 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "max_new": gen_opts.max_new,
         }),
     )?;
-    let mut event_err: Option<anyhow::Error> = None;
-    let mut token_clock = std::time::Instant::now();
-    let mut last = model.expert_stats().unwrap_or_default();
-    let mut i = 0;
+    // The token observers: --stats, the event stream and the layer profile's lines.
+    let mut report = super::events::TokenReport::new(model, events, a.stats, profile);
     let mut dec = StreamDecoder::new();
     let mut split = ChatSplitter::new(thinking);
     let dim = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -160,48 +147,20 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     };
     let gen =
         Generator::new(model).generate(&mut state, &prompt_ids, &gen_opts, &cancel, |id| {
-            // This token's expert statistics, read once for --stats and the event stream.
-            let token_stats = (a.stats || events.on()).then(|| {
-                let now = model.expert_stats().unwrap_or_default();
-                let d = now.since(&last);
-                last = now;
-                d
-            });
-            if let (true, Some(d)) = (a.stats, &token_stats) {
-                eprintln!("{}", stats_line(i, d));
-            }
-            if let Some(p) = &model.layer_profile {
-                for t in p.take() {
-                    eprintln!("{t}");
-                }
-            }
-            if events.on() {
-                let ms = crate::model::profile::lap(&mut token_clock);
-                let v = serde_json::json!({
-                    "i": i, "id": id, "ms": ms,
-                    "piece": tok.as_ref().map(|t| t.decode(&[id])),
-                    "experts": token_stats,
-                });
-                if let Err(e) = events.emit("token", v) {
-                    event_err.get_or_insert(e);
-                }
-            }
+            report.token(model, id, tok.map(|t| t.decode(&[id])));
             if !a.json {
                 match &tok {
                     Some(t) if a.chat => show(split.push_id(t, &mut dec, id)),
                     Some(t) => show(vec![Delta::Content(dec.push(t, id))]),
-                    None if !a.stats && !a.layer_profile => eprint!("{id} "),
+                    None if !report.prints() => eprint!("{id} "),
                     None => {}
                 }
             }
-            i += 1;
         })?;
-    if let Some(rt) = &model.router_trace {
+    if let Some(rt) = &router_trace {
         rt.flush()?;
     }
-    if let Some(e) = event_err {
-        return Err(e);
-    }
+    let mut events = report.finish()?;
     let decode_steps = gen.generated_ids.len().saturating_sub(1).max(1);
     events.emit(
         "end",

@@ -7,42 +7,18 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use super::attn_res::AttnRes;
-use super::kda::Kda;
-use super::mla::Mla;
-use super::moe::{Mlp, Moe, Route};
+use super::layer::{with, Layer, PassCtx};
+use super::observe::{Both, Event, Observer, Observers, RouteCollector, RouteTrace};
 use super::ops::rms_norm;
 use super::options::ModelOptions;
-use super::profile::{lap, LayerTiming};
-use super::state::{LayerState, SeqState};
+use super::state::SeqState;
 use super::weights::LayerWeights;
 
 use crate::compute::dense;
-use crate::config::{AttnKind, FfnKind, K3Config};
+use crate::config::K3Config;
 use crate::experts::ExpertProvider;
 use crate::spine::source::Spine;
 use crate::Result;
-
-enum Attn {
-    Kda(Box<Kda>),
-    Mla(Box<Mla>),
-}
-
-enum Ffn {
-    Dense(Mlp),
-    Moe(Box<Moe>),
-}
-
-struct Layer {
-    attn_res: AttnRes,
-    mlp_res: AttnRes,
-    input_norm: Tensor,
-    post_norm: Tensor,
-    attn: Attn,
-    ffn: Ffn,
-}
-
-/// Routes chosen during a forward call: `(layer, position-in-call routes)`.
-pub type RouteTrace = Vec<(usize, Vec<Route>)>;
 
 /// Kimi K3.
 pub struct K3Model {
@@ -56,10 +32,8 @@ pub struct K3Model {
     lm_head: crate::spine::slot::Slot,
     /// Evaluation options.
     pub options: ModelOptions,
-    /// Router trace sink (off when `None`).
-    pub router_trace: Option<super::trace::RouterTrace>,
-    /// Per-layer phase timings (off when `None`).
-    pub layer_profile: Option<Arc<super::profile::LayerProfile>>,
+    /// Who watches each pass (the layer profile, the router trace, ...).
+    observers: Observers,
     /// Most positions a sequence may hold (the config's, or the memory plan's).
     pub(crate) context_limit: usize,
     /// The memory plan the model was loaded under, if any.
@@ -88,26 +62,7 @@ impl K3Model {
                 device: &device,
                 layer: l,
             };
-            let res = |n: &str, p: &str| -> Result<AttnRes> {
-                Ok(AttnRes::new(&w.get(n, &[h])?, &w.get(p, &[1, h])?, eps)?)
-            };
-            layers.push(Layer {
-                attn_res: res(
-                    "self_attention_res_norm.weight",
-                    "self_attention_res_proj.weight",
-                )?,
-                mlp_res: res("mlp_res_norm.weight", "mlp_res_proj.weight")?,
-                input_norm: w.get("input_layernorm.weight", &[h])?,
-                post_norm: w.get("post_attention_layernorm.weight", &[h])?,
-                attn: match kind.attn {
-                    AttnKind::Kda => Attn::Kda(Box::new(Kda::load(&w)?)),
-                    AttnKind::Mla => Attn::Mla(Box::new(Mla::load(&w)?)),
-                },
-                ffn: match kind.ffn {
-                    FfnKind::Dense => Ffn::Dense(Mlp::load(&w, "mlp", t.intermediate_size)?),
-                    FfnKind::Moe => Ffn::Moe(Box::new(Moe::load(&w)?)),
-                },
-            });
+            layers.push(Layer::load(&w, kind)?);
         }
         let g = spine.global();
         let out_res = AttnRes::new(
@@ -128,8 +83,7 @@ impl K3Model {
             lm_head,
             context_limit,
             options: ModelOptions::default(),
-            router_trace: None,
-            layer_profile: None,
+            observers: Observers::default(),
             plan: None,
         })
     }
@@ -169,6 +123,21 @@ impl K3Model {
         self.experts.stats()
     }
 
+    /// The expert provider.
+    pub fn experts(&self) -> &Arc<dyn ExpertProvider> {
+        &self.experts
+    }
+
+    /// Attaches an observer to every pass from now on.
+    pub fn observe(&mut self, o: Arc<dyn Observer>) {
+        self.observers.push(o);
+    }
+
+    /// Detaches every observer.
+    pub fn clear_observers(&mut self) {
+        self.observers.clear();
+    }
+
     /// The device of the spine.
     pub fn device(&self) -> &Device {
         self.spine.device()
@@ -181,10 +150,7 @@ impl K3Model {
             layers: self
                 .layers
                 .iter()
-                .map(|l| match &l.attn {
-                    Attn::Kda(k) => LayerState::Kda(k.new_state()),
-                    Attn::Mla(m) => LayerState::Mla(m.new_state(self.context_limit)),
-                })
+                .map(|l| l.new_state(self.context_limit))
                 .collect(),
         }
     }
@@ -202,13 +168,11 @@ impl K3Model {
             .layers
             .get(l)
             .ok_or_else(|| crate::Error::Msg(format!("no layer {l}")))?;
-        match (&layer.attn, &mut state.layers[l]) {
-            (Attn::Kda(k), LayerState::Kda(s)) => k.forward(x, s, self.options.kda, ld),
-            (Attn::Mla(m), LayerState::Mla(s)) => m.forward(x, s, self.options.mla, ld),
-            _ => Err(crate::Error::Msg(format!(
-                "layer {l}: state does not match the layer kind"
-            ))),
-        }
+        let st = state
+            .layers
+            .get_mut(l)
+            .ok_or_else(|| crate::Error::Msg(format!("the state has no layer {l}")))?;
+        layer.attention(x, st, &self.options, ld)
     }
 
     /// Consumes `ids` (in chunks of `options.prefill_chunk`) and returns the logits `[V]` of the
@@ -224,8 +188,15 @@ impl K3Model {
         state: &mut SeqState,
         trace: Option<&mut RouteTrace>,
     ) -> Result<Tensor> {
-        self.forward_with(ids, state, trace, None)?
-            .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))
+        let routes = RouteCollector::default();
+        let observer = trace.as_ref().map(|_| &routes as &dyn Observer);
+        let logits = self
+            .forward_with(ids, state, observer, None)?
+            .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))?;
+        if let Some(t) = trace {
+            t.extend(routes.take());
+        }
+        Ok(logits)
     }
 
     /// Checks that `n` more positions fit the context limit and the vocabulary.
@@ -248,13 +219,13 @@ impl K3Model {
         Ok(())
     }
 
-    /// `forward_traced` that checks `cancel` between prefill chunks: `Ok(None)` when it was
-    /// set (the chunks already consumed stay in `state`).
+    /// `forward` with one more observer for this call, checking `cancel` between prefill
+    /// chunks: `Ok(None)` when it was set (the chunks already consumed stay in `state`).
     pub fn forward_with(
         &self,
         ids: &[u32],
         state: &mut SeqState,
-        mut trace: Option<&mut RouteTrace>,
+        observer: Option<&dyn Observer>,
         cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<Option<Tensor>> {
         self.check_input(ids, state)?;
@@ -264,7 +235,10 @@ impl K3Model {
             if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
                 return Ok(None);
             }
-            last = Some(self.forward_chunk(chunk, state, trace.as_deref_mut())?);
+            last = Some(match observer {
+                Some(o) => self.run_layers(chunk, state, &Both(&self.observers, o))?,
+                None => self.run_layers(chunk, state, &self.observers)?,
+            });
         }
         let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
         let n = h.dim(0)?;
@@ -273,136 +247,42 @@ impl K3Model {
         Ok(Some(dense(&x, &lm_head)?.squeeze(0)?))
     }
 
-    fn forward_chunk(
-        &self,
-        ids: &[u32],
-        state: &mut SeqState,
-        trace: Option<&mut RouteTrace>,
-    ) -> Result<Tensor> {
-        let first_pos = state.pos;
-        match (trace, &self.router_trace) {
-            (Some(t), Some(rt)) => {
-                let n = t.len();
-                let h = self.run_layers(ids, state, Some(&mut *t))?;
-                rt.write(first_pos, &t[n..])?;
-                Ok(h)
-            }
-            (None, Some(rt)) => {
-                let mut local = RouteTrace::new();
-                let h = self.run_layers(ids, state, Some(&mut local))?;
-                rt.write(first_pos, &local)?;
-                Ok(h)
-            }
-            (t, None) => self.run_layers(ids, state, t),
-        }
-    }
-
     /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`.
-    fn run_layers(
-        &self,
-        ids: &[u32],
-        state: &mut SeqState,
-        mut trace: Option<&mut RouteTrace>,
-    ) -> Result<Tensor> {
+    fn run_layers(&self, ids: &[u32], state: &mut SeqState, obs: &dyn Observer) -> Result<Tensor> {
         let t = self.cfg.text();
-        let eps = t.rms_norm_eps;
         self.experts.begin_token();
         let mut pass = self.spine.pass();
-        let mut h = self.spine.embed_rows(ids)?;
+        let mut h = self.spine.embed_rows(ids)?; // [T, H]
         let mut anchors: Vec<Tensor> = Vec::new();
-        let prof = self.layer_profile.as_deref();
-        let wait_s = |on: bool| -> f64 {
-            if on {
-                self.experts.stats().map(|s| s.read_wait_s).unwrap_or(0.0)
-            } else {
-                0.0
-            }
+        let cx = PassCtx {
+            block_size: t.attn_res_block_size,
+            eps: t.rms_norm_eps,
+            options: &self.options,
+            experts: self.experts.as_ref(),
+            observer: obs,
         };
-        for (l, layer) in self.layers.iter().enumerate() {
-            let mut clock = std::time::Instant::now();
-            let mut tm = [0f64; 5]; // spine wait, attention, ffn, expert wait, other
-            let ld = pass.layer(l)?;
-            tm[0] = lap(&mut clock);
-            let a_in = if anchors.is_empty() {
-                h.clone()
-            } else {
-                let mut v: Vec<&Tensor> = anchors.iter().collect();
-                v.push(&h);
-                layer.attn_res.forward(&v)?
-            };
-            let prefix = if l % t.attn_res_block_size == 0 {
-                anchors.push(h.clone());
-                None
-            } else {
-                Some(h.clone())
-            };
-            let x = rms_norm(&a_in, &layer.input_norm, eps)?;
-            tm[4] += lap(&mut clock);
-            let o = self.attention(l, &x, state, &ld)?;
-            if prof.is_some() {
-                // Candle ops may be queued on a GPU: time the work, not its submission.
-                o.device().synchronize()?;
-            }
-            tm[1] = lap(&mut clock);
-            let p = match prefix {
-                Some(pr) => (pr + o)?,
-                None => o,
-            };
-            let mut v: Vec<&Tensor> = anchors.iter().collect();
-            v.push(&p);
-            let m_in = layer.mlp_res.forward(&v)?;
-            let xm = rms_norm(&m_in, &layer.post_norm, eps)?;
-            tm[4] += lap(&mut clock);
-            let waited = wait_s(prof.is_some());
-            let om = match &layer.ffn {
-                Ffn::Dense(mlp) => mlp.forward(&xm, &ld)?,
-                Ffn::Moe(moe) => {
-                    let mut routes = Vec::new();
-                    let y = moe.forward(
-                        &xm,
-                        &ld,
-                        self.experts.as_ref(),
-                        self.options.kernel,
-                        self.options.expert_batch,
-                        trace.as_ref().map(|_| &mut routes),
-                    )?;
-                    if let Some(tr) = trace.as_deref_mut() {
-                        tr.push((l, routes));
-                    }
-                    y
-                }
-            };
-            if prof.is_some() {
-                om.device().synchronize()?;
-                tm[2] = lap(&mut clock);
-                tm[3] = (wait_s(true) - waited) * 1e3;
-            }
-            h = (p + om)?;
-            if let Some(pf) = prof {
-                h.device().synchronize()?;
-                tm[4] += lap(&mut clock);
-                pf.push(LayerTiming {
-                    layer: l,
-                    attn: match layer.attn {
-                        Attn::Kda(_) => "kda",
-                        Attn::Mla(_) => "mla",
-                    },
-                    ffn: match layer.ffn {
-                        Ffn::Dense(_) => "dense",
-                        Ffn::Moe(_) => "moe",
-                    },
-                    tokens: ids.len(),
-                    spine_wait_ms: tm[0],
-                    attn_ms: tm[1],
-                    ffn_ms: tm[2],
-                    expert_wait_ms: tm[3],
-                    other_ms: tm[4],
-                });
-            }
+        if state.layers.len() != self.layers.len() {
+            return Err(crate::Error::Msg(format!(
+                "the sequence state has {} layers, the model {}",
+                state.layers.len(),
+                self.layers.len()
+            )));
         }
+        obs.on(
+            0,
+            &Event::PassStart {
+                first_pos: state.pos,
+                tokens: ids.len(),
+            },
+        );
+        for ((l, layer), st) in self.layers.iter().enumerate().zip(&mut state.layers) {
+            let ld = pass.layer(l)?;
+            let (attn, ffn) = layer.kinds();
+            obs.on(l, &Event::LayerReady { attn, ffn });
+            h = layer.forward(l, h, &mut anchors, st, &ld, &cx)?;
+        }
+        obs.on(0, &Event::PassEnd);
         state.pos += ids.len();
-        let mut v: Vec<&Tensor> = anchors.iter().collect();
-        v.push(&h);
-        Ok(self.out_res.forward(&v)?)
+        Ok(self.out_res.forward(&with(&anchors, &h))?)
     }
 }

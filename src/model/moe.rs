@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use candle::Tensor;
 
 use super::ops::{rms_norm, situ};
+use super::options::ModelOptions;
 use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::experts::ExpertProvider;
@@ -165,64 +166,80 @@ impl Moe {
         Ok(())
     }
 
-    /// `[T, H]` → `[T, H]`; each selected expert is fetched and run once for all its rows.
+    /// `[T, H]` → `[T, H]` and the routes of every row; each selected expert is fetched and run
+    /// once for all its rows.
     pub fn forward(
         &self,
         x: &Tensor,
         ld: &LayerData,
         experts: &dyn ExpertProvider,
-        kernel: Kernel,
-        batch: usize,
-        trace: Option<&mut Vec<Route>>,
-    ) -> Result<Tensor> {
-        let t = x.dim(0)?;
+        options: &ModelOptions,
+    ) -> Result<(Tensor, Vec<Route>)> {
         let routes = self.routes(x, ld)?;
-        let down = ld.matrix_at(&self.down)?; // [latent, H]
-        let z = dense(x, &down)?.flatten_all()?.to_vec1::<f32>()?;
-        let r = self.latent;
-        // Rows of each selected expert, in expert-id order.
-        let mut rows: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for (ti, rt) in routes.iter().enumerate() {
-            for &e in &rt.experts {
-                rows.entry(e).or_default().push(ti);
-            }
-        }
         if let Some(last) = routes.last() {
             experts.note_routes(self.layer, &last.experts);
         }
-        let all: Vec<usize> = rows.keys().copied().collect();
-        // y[(expert, row)] for every selected pair, on the GPU when the model runs there.
-        let mut ys: BTreeMap<(usize, usize), Vec<f32>> = BTreeMap::new();
-        // A long prefill chunk can select most of a layer's experts: hold at most `batch` of
-        // them at once (the memory plan charges that many).
-        for ids in all.chunks(batch.max(1)) {
-            let bytes = experts.fetch(self.layer, ids)?;
-            self.run_group(ids, &bytes, &rows, &z, x.device(), kernel, &mut ys)?;
-        }
-        // Accumulate per row in its own top-k order, so T rows equal T single calls.
-        let mut acc = vec![0f32; t * r];
-        for (ti, rt) in routes.iter().enumerate() {
-            let a = &mut acc[ti * r..(ti + 1) * r];
-            for (e, w) in rt.experts.iter().zip(&rt.weights) {
-                if let Some(y) = ys.get(&(*e, ti)) {
-                    for (ai, yi) in a.iter_mut().zip(y) {
-                        *ai += w * yi;
-                    }
-                }
-            }
-        }
-        if let Some(tr) = trace {
-            tr.extend(routes);
-        }
-        let y = Tensor::from_vec(acc, (t, r), x.device())?;
+        let down = ld.matrix_at(&self.down)?; // [latent, H]
+        let z = dense(x, &down)?.flatten_all()?.to_vec1::<f32>()?; // [T * latent]
+        let rows = rows_by_expert(&routes);
+        let ys = self.run_selected(&rows, &z, x.device(), experts, options)?;
+        let y = combine(&routes, &ys, self.latent); // [T * latent]
+        let y = Tensor::from_vec(y, (routes.len(), self.latent), x.device())?;
         let y = match &self.norm {
             Some(n) => rms_norm(&y, n, self.eps)?,
             None => y,
         };
         let up = ld.matrix_at(&self.up)?; // [H, latent]
         let routed = dense(&y, &up)?;
-        Ok((routed + self.shared.forward(x, ld)?)?)
+        Ok(((routed + self.shared.forward(x, ld)?)?, routes))
     }
+
+    /// Every selected expert on its rows of `z`: `y[(expert, row)]`. A long prefill chunk can
+    /// select most of a layer's experts, so at most `options.expert_batch` are held at once (the
+    /// memory plan charges that many).
+    fn run_selected(
+        &self,
+        rows: &BTreeMap<usize, Vec<usize>>,
+        z: &[f32],
+        device: &candle::Device,
+        experts: &dyn ExpertProvider,
+        options: &ModelOptions,
+    ) -> Result<BTreeMap<(usize, usize), Vec<f32>>> {
+        let all: Vec<usize> = rows.keys().copied().collect();
+        let mut ys = BTreeMap::new();
+        for ids in all.chunks(options.expert_batch.max(1)) {
+            let bytes = experts.fetch(self.layer, ids)?;
+            self.run_group(ids, &bytes, rows, z, device, options.kernel, &mut ys)?;
+        }
+        Ok(ys)
+    }
+}
+
+/// The rows each selected expert runs on, in expert-id order.
+fn rows_by_expert(routes: &[Route]) -> BTreeMap<usize, Vec<usize>> {
+    let mut rows: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (ti, rt) in routes.iter().enumerate() {
+        for &e in &rt.experts {
+            rows.entry(e).or_default().push(ti);
+        }
+    }
+    rows
+}
+
+/// The weighted sum of each row's experts, accumulated in the row's own top-k order, so T rows
+/// equal T single calls: `[T * latent]`.
+fn combine(routes: &[Route], ys: &BTreeMap<(usize, usize), Vec<f32>>, latent: usize) -> Vec<f32> {
+    let mut acc = vec![0f32; routes.len() * latent];
+    for (ti, (rt, a)) in routes.iter().zip(acc.chunks_mut(latent.max(1))).enumerate() {
+        for (e, w) in rt.experts.iter().zip(&rt.weights) {
+            if let Some(y) = ys.get(&(*e, ti)) {
+                for (ai, yi) in a.iter_mut().zip(y) {
+                    *ai += w * yi;
+                }
+            }
+        }
+    }
+    acc
 }
 
 #[cfg(test)]

@@ -1,11 +1,16 @@
-//! Per-layer phase timings of each forward pass (`deltafin run --layer-profile`): where a token's
-//! time goes, layer by layer. Off unless a `LayerProfile` is attached to the model.
+//! Per-layer phase timings of each forward pass (`deltafin run --layer-profile`, `bench
+//! forward`): where a token's time goes, layer by layer. An `Observer`: off unless attached to the
+//! model (`K3Model::observe`). It synchronises the device at each phase end, so GPU time is
+//! timed as work, not submission, and reads the expert store's wait counter around the FFN.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::observe::{Event, Observer};
+use crate::experts::ExpertProvider;
+
 /// One layer of one forward pass.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct LayerTiming {
     /// Layer index.
     pub layer: usize,
@@ -29,27 +34,100 @@ pub struct LayerTiming {
 }
 
 /// Collects `LayerTiming`s until taken.
-#[derive(Debug, Default)]
-pub struct LayerProfile(Mutex<Vec<LayerTiming>>);
+pub struct LayerProfile {
+    experts: Arc<dyn ExpertProvider>,
+    state: Mutex<Clock>,
+}
+
+/// The layer being timed.
+struct Clock {
+    t: Instant,
+    cur: LayerTiming,
+    /// The expert store's read wait when the FFN started (seconds).
+    wait_at_ffn: f64,
+    done: Vec<LayerTiming>,
+}
 
 impl LayerProfile {
-    /// An empty profile.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub(crate) fn push(&self, t: LayerTiming) {
-        if let Ok(mut v) = self.0.lock() {
-            v.push(t);
+    /// An empty profile reading expert waits from `experts` (`K3Model::experts`).
+    pub fn new(experts: Arc<dyn ExpertProvider>) -> Self {
+        LayerProfile {
+            experts,
+            state: Mutex::new(Clock {
+                t: Instant::now(),
+                cur: LayerTiming::default(),
+                wait_at_ffn: 0.0,
+                done: Vec::new(),
+            }),
         }
     }
 
     /// The timings recorded since the last call.
     pub fn take(&self) -> Vec<LayerTiming> {
-        self.0
+        self.state
             .lock()
-            .map(|mut v| std::mem::take(&mut *v))
+            .map(|mut c| std::mem::take(&mut c.done))
             .unwrap_or_default()
+    }
+
+    fn read_wait_s(&self) -> f64 {
+        self.experts.stats().map(|s| s.read_wait_s).unwrap_or(0.0)
+    }
+}
+
+/// Waits for the work queued on `t`'s device (a no-op on the CPU).
+fn sync(t: &candle::Tensor) {
+    if let Err(e) = t.device().synchronize() {
+        tracing::warn!("layer profile: device sync failed: {e}");
+    }
+}
+
+impl Observer for LayerProfile {
+    fn on(&self, layer: usize, event: &Event<'_>) {
+        let Ok(mut c) = self.state.lock() else {
+            return;
+        };
+        match *event {
+            Event::PassStart { tokens, .. } => {
+                c.t = Instant::now();
+                c.cur = LayerTiming {
+                    tokens,
+                    ..Default::default()
+                };
+            }
+            Event::LayerReady { attn, ffn } => {
+                let tokens = c.cur.tokens;
+                c.cur = LayerTiming {
+                    layer,
+                    attn,
+                    ffn,
+                    tokens,
+                    spine_wait_ms: lap(&mut c.t),
+                    ..Default::default()
+                };
+            }
+            Event::AttentionIn => c.cur.other_ms += lap(&mut c.t),
+            Event::Attention(o) => {
+                sync(o);
+                c.cur.attn_ms = lap(&mut c.t);
+            }
+            Event::FfnIn => {
+                c.cur.other_ms += lap(&mut c.t);
+                c.wait_at_ffn = self.read_wait_s();
+            }
+            Event::Ffn(om) => {
+                sync(om);
+                c.cur.ffn_ms = lap(&mut c.t);
+                c.cur.expert_wait_ms = (self.read_wait_s() - c.wait_at_ffn) * 1e3;
+            }
+            Event::LayerDone(h) => {
+                sync(h);
+                c.cur.other_ms += lap(&mut c.t);
+                let t = c.cur.clone();
+                c.done.push(t);
+            }
+            Event::Routes(_) | Event::PassEnd => {}
+        }
     }
 }
 

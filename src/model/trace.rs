@@ -1,5 +1,6 @@
 //! The router trace: one JSON line per token with the experts every MoE layer selected
-//! (`router_trace.jsonl`). Off by default and free when off.
+//! (`router_trace.jsonl`). An `Observer`: off unless attached (`K3Model::observe`); it collects a
+//! pass's routes and writes them when the pass ends.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -7,12 +8,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::moe::Route;
+use super::observe::{Event, Observer, RouteTrace};
 use crate::{Error, Result};
 
 /// Writes router traces.
 pub struct RouterTrace {
     path: PathBuf,
     out: Mutex<BufWriter<File>>,
+    /// The pass being collected: its first position and routes so far.
+    pass: Mutex<(usize, RouteTrace)>,
+    /// The first write error, reported by `flush`.
+    failed: Mutex<Option<Error>>,
 }
 
 impl RouterTrace {
@@ -22,6 +28,8 @@ impl RouterTrace {
         Ok(RouterTrace {
             path: path.to_path_buf(),
             out: Mutex::new(BufWriter::new(f)),
+            pass: Mutex::new((0, Vec::new())),
+            failed: Mutex::new(None),
         })
     }
 
@@ -56,13 +64,37 @@ impl RouterTrace {
         Ok(())
     }
 
-    /// Flushes buffered lines.
+    /// Flushes buffered lines; reports the first error a pass's write met.
     pub fn flush(&self) -> Result<()> {
+        if let Some(e) = self.failed.lock().ok().and_then(|mut f| f.take()) {
+            return Err(e);
+        }
         let mut out = self
             .out
             .lock()
             .map_err(|_| Error::Msg("router trace lock poisoned".into()))?;
         out.flush().map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+impl Observer for RouterTrace {
+    fn on(&self, layer: usize, event: &Event<'_>) {
+        let Ok(mut pass) = self.pass.lock() else {
+            return;
+        };
+        match event {
+            Event::PassStart { first_pos, .. } => *pass = (*first_pos, Vec::new()),
+            Event::Routes(r) => pass.1.push((layer, r.to_vec())),
+            Event::PassEnd => {
+                let (first, routes) = std::mem::take(&mut *pass);
+                if let Err(e) = self.write(first, &routes) {
+                    if let Ok(mut f) = self.failed.lock() {
+                        f.get_or_insert(e);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
 

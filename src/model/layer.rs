@@ -1,0 +1,175 @@
+//! One decoder layer (spec §3.3): Block Attention Residuals before attention and before the
+//! feed-forward, KDA or MLA attention, a dense MLP or a latent MoE. `Layer::forward` is the whole
+//! layer on one pass's data; it reports its progress to an `Observer` and holds no clock, trace or
+//! device sync of its own. Owns the layer's small tensors and bound slots, never its state.
+
+use candle::Tensor;
+
+use super::attn_res::AttnRes;
+use super::kda::Kda;
+use super::mla::Mla;
+use super::moe::{Mlp, Moe};
+use super::observe::{Event, Observer};
+use super::ops::rms_norm;
+use super::options::ModelOptions;
+use super::state::LayerState;
+use super::weights::LayerWeights;
+use crate::config::{AttnKind, FfnKind, LayerKind};
+use crate::experts::ExpertProvider;
+use crate::spine::layer::LayerData;
+use crate::Result;
+
+enum Attn {
+    Kda(Box<Kda>),
+    Mla(Box<Mla>),
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Moe(Box<Moe>),
+}
+
+/// One decoder layer.
+pub(super) struct Layer {
+    attn_res: AttnRes,
+    mlp_res: AttnRes,
+    input_norm: Tensor,
+    post_norm: Tensor,
+    attn: Attn,
+    ffn: Ffn,
+}
+
+/// What every layer of a pass shares.
+pub(super) struct PassCtx<'a> {
+    /// Layers per AttnRes block (a block boundary starts a new anchor).
+    pub block_size: usize,
+    /// RMSNorm epsilon.
+    pub eps: f64,
+    /// Evaluation options.
+    pub options: &'a ModelOptions,
+    /// The routed experts.
+    pub experts: &'a dyn ExpertProvider,
+    /// Who watches.
+    pub observer: &'a dyn Observer,
+}
+
+impl Layer {
+    /// Loads layer `w.layer` of kind `kind`.
+    pub fn load(w: &LayerWeights, kind: &LayerKind) -> Result<Self> {
+        let t = w.cfg.text();
+        let (h, eps) = (t.hidden_size, t.rms_norm_eps);
+        let res = |n: &str, p: &str| -> Result<AttnRes> {
+            Ok(AttnRes::new(&w.get(n, &[h])?, &w.get(p, &[1, h])?, eps)?)
+        };
+        Ok(Layer {
+            attn_res: res(
+                "self_attention_res_norm.weight",
+                "self_attention_res_proj.weight",
+            )?,
+            mlp_res: res("mlp_res_norm.weight", "mlp_res_proj.weight")?,
+            input_norm: w.get("input_layernorm.weight", &[h])?,
+            post_norm: w.get("post_attention_layernorm.weight", &[h])?,
+            attn: match kind.attn {
+                AttnKind::Kda => Attn::Kda(Box::new(Kda::load(w)?)),
+                AttnKind::Mla => Attn::Mla(Box::new(Mla::load(w)?)),
+            },
+            ffn: match kind.ffn {
+                FfnKind::Dense => Ffn::Dense(Mlp::load(w, "mlp", t.intermediate_size)?),
+                FfnKind::Moe => Ffn::Moe(Box::new(Moe::load(w)?)),
+            },
+        })
+    }
+
+    /// `(attention, feed-forward)` kind names, for reports.
+    pub fn kinds(&self) -> (&'static str, &'static str) {
+        let a = match self.attn {
+            Attn::Kda(_) => "kda",
+            Attn::Mla(_) => "mla",
+        };
+        let f = match self.ffn {
+            Ffn::Dense(_) => "dense",
+            Ffn::Moe(_) => "moe",
+        };
+        (a, f)
+    }
+
+    /// A fresh attention state for this layer with room for `context` positions.
+    pub fn new_state(&self, context: usize) -> LayerState {
+        match &self.attn {
+            Attn::Kda(k) => LayerState::Kda(k.new_state()),
+            Attn::Mla(m) => LayerState::Mla(m.new_state(context)),
+        }
+    }
+
+    /// Attention alone on the normalised input `x` `[T, H]`.
+    pub fn attention(
+        &self,
+        x: &Tensor,
+        state: &mut LayerState,
+        options: &ModelOptions,
+        ld: &LayerData,
+    ) -> Result<Tensor> {
+        match (&self.attn, state) {
+            (Attn::Kda(k), LayerState::Kda(s)) => k.forward(x, s, options.kda, ld),
+            (Attn::Mla(m), LayerState::Mla(s)) => m.forward(x, s, options.mla, ld),
+            _ => Err(crate::Error::Msg(
+                "the sequence state does not match the layer kind".into(),
+            )),
+        }
+    }
+
+    /// Layer `l` on the hidden state `h` `[T, H]`: returns the new hidden state. `anchors` are
+    /// the AttnRes block outputs so far (this layer adds one at a block boundary).
+    pub fn forward(
+        &self,
+        l: usize,
+        h: Tensor,
+        anchors: &mut Vec<Tensor>,
+        state: &mut LayerState,
+        ld: &LayerData,
+        cx: &PassCtx,
+    ) -> Result<Tensor> {
+        let obs = cx.observer;
+        let a_in = if anchors.is_empty() {
+            h.clone()
+        } else {
+            self.attn_res.forward(&with(anchors, &h))?
+        };
+        let prefix = if l.is_multiple_of(cx.block_size) {
+            anchors.push(h);
+            None
+        } else {
+            Some(h)
+        };
+        let x = rms_norm(&a_in, &self.input_norm, cx.eps)?;
+        obs.on(l, &Event::AttentionIn);
+        let o = self.attention(&x, state, cx.options, ld)?;
+        obs.on(l, &Event::Attention(&o));
+        let p = match prefix {
+            Some(pr) => (pr + o)?,
+            None => o,
+        };
+        let m_in = self.mlp_res.forward(&with(anchors, &p))?;
+        let xm = rms_norm(&m_in, &self.post_norm, cx.eps)?;
+        obs.on(l, &Event::FfnIn);
+        let om = match &self.ffn {
+            Ffn::Dense(mlp) => mlp.forward(&xm, ld)?,
+            Ffn::Moe(moe) => {
+                let (y, routes) = moe.forward(&xm, ld, cx.experts, cx.options)?;
+                obs.on(l, &Event::Routes(&routes));
+                y
+            }
+        };
+        obs.on(l, &Event::Ffn(&om));
+        let h = (p + om)?;
+        obs.on(l, &Event::LayerDone(&h));
+        Ok(h)
+    }
+}
+
+/// The anchors followed by `x`: what AttnRes mixes.
+pub(super) fn with<'a>(anchors: &'a [Tensor], x: &'a Tensor) -> Vec<&'a Tensor> {
+    let mut v: Vec<&Tensor> = anchors.iter().collect();
+    v.push(x);
+    v
+}

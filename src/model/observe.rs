@@ -1,0 +1,116 @@
+//! One hook for everything that watches a forward pass: the layer profile, the router trace and
+//! a caller's route collector are `Observer`s that the model calls at fixed points of each layer
+//! (`Event`). The math carries none of it: no clocks, no device syncs, no trace buffers; an
+//! observer that times the GPU synchronises the tensors it is shown. With no observer attached a
+//! pass makes one empty call per event.
+
+use std::sync::{Arc, Mutex};
+
+use candle::Tensor;
+
+use super::moe::Route;
+
+/// A point in a forward pass (each layer: `LayerReady`, `AttentionIn`, `Attention`, `FfnIn`,
+/// `Routes` on MoE layers, `Ffn`, `LayerDone`).
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// A pass over `tokens` positions starting at position `first_pos` begins.
+    PassStart {
+        /// Position of the first token.
+        first_pos: usize,
+        /// Positions in the pass.
+        tokens: usize,
+    },
+    /// The layer's spine bytes are in hand (`attn`: `kda`/`mla`, `ffn`: `dense`/`moe`).
+    LayerReady {
+        /// Attention kind.
+        attn: &'static str,
+        /// Feed-forward kind.
+        ffn: &'static str,
+    },
+    /// AttnRes mixing and the input norm are done; attention starts.
+    AttentionIn,
+    /// Attention's output `[T, H]` (possibly still queued on a GPU).
+    Attention(&'a Tensor),
+    /// AttnRes mixing and the post-attention norm are done; the MLP or MoE starts.
+    FfnIn,
+    /// The routes of every position of a MoE layer.
+    Routes(&'a [Route]),
+    /// The MLP or MoE output `[T, H]`.
+    Ffn(&'a Tensor),
+    /// The layer's new hidden state `[T, H]`.
+    LayerDone(&'a Tensor),
+    /// The pass is over (the tail runs next).
+    PassEnd,
+}
+
+/// Something that watches forward passes. `layer` is the layer an event belongs to (0 for
+/// `PassStart` and `PassEnd`).
+pub trait Observer: Send + Sync {
+    /// Called at each event of each pass.
+    fn on(&self, layer: usize, event: &Event<'_>);
+}
+
+/// The observers attached to a model, called in order.
+#[derive(Default, Clone)]
+pub struct Observers(Vec<Arc<dyn Observer>>);
+
+impl Observers {
+    /// Adds one.
+    pub fn push(&mut self, o: Arc<dyn Observer>) {
+        self.0.push(o);
+    }
+
+    /// Removes every observer.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Whether none is attached.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Observer for Observers {
+    fn on(&self, layer: usize, event: &Event<'_>) {
+        for o in &self.0 {
+            o.on(layer, event);
+        }
+    }
+}
+
+/// Two observers as one (a model's own and a call's).
+pub(crate) struct Both<'a>(pub &'a dyn Observer, pub &'a dyn Observer);
+
+impl Observer for Both<'_> {
+    fn on(&self, layer: usize, event: &Event<'_>) {
+        self.0.on(layer, event);
+        self.1.on(layer, event);
+    }
+}
+
+/// Routes chosen during a forward call: `(layer, position-in-call routes)`.
+pub type RouteTrace = Vec<(usize, Vec<Route>)>;
+
+/// Collects every MoE layer's routes (`K3Model::forward_traced`).
+#[derive(Default)]
+pub struct RouteCollector(Mutex<RouteTrace>);
+
+impl RouteCollector {
+    /// The routes collected so far, emptying the collector.
+    pub fn take(&self) -> RouteTrace {
+        self.0
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+}
+
+impl Observer for RouteCollector {
+    fn on(&self, layer: usize, event: &Event<'_>) {
+        if let (Event::Routes(r), Ok(mut v)) = (event, self.0.lock()) {
+            v.push((layer, r.to_vec()));
+        }
+    }
+}
