@@ -41,10 +41,8 @@
 #![recursion_limit = "256"]
 
 pub mod alloc_count;
-pub mod bench;
 pub mod chat;
 pub mod checkpoint;
-pub mod cli;
 pub mod compute;
 pub mod config;
 pub mod engine;

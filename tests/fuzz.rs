@@ -159,7 +159,7 @@ fn parsers_of_untrusted_bytes_never_panic_or_balloon() {
 
     // CLI layer ranges.
     fuzz("layer ranges", 8, b"1-40,45,60-92", |b| {
-        deltafin::cli::install::parse_layers(&String::from_utf8_lossy(b), 93).is_ok()
+        deltafin::install::parse_layers(&String::from_utf8_lossy(b), 93).is_ok()
     });
 
     // Server request bodies.

@@ -1,7 +1,9 @@
 //! `setup` / `fetch-experts` / `warm-cache` / `run` against the mock hub, through the binary.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::hub::mock::MockHub;
@@ -9,17 +11,9 @@ use deltafin::spine::layer::parse_header_full;
 
 const REPO: &str = "moonshotai/Kimi-K3-nano";
 
+/// Runs the binary against the hub and asserts it succeeded.
 fn deltafin(hub: &MockHub, args: &[&str], root: &Path, extra_env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltafin"));
-    c.args(args)
-        .arg("--model-root")
-        .arg(root)
-        .env("HF_ENDPOINT", hub.endpoint())
-        .env("HF_HUB_CACHE", root.join(".hf-cache"));
-    for (k, v) in extra_env {
-        c.env(k, v);
-    }
-    let out = c.output().unwrap();
+    let out = common::deltafin_on_hub(hub, args, root, extra_env);
     assert!(
         out.status.success(),
         "deltafin {args:?} failed:\n{}",

@@ -4,8 +4,10 @@
 //! install's downloads are verified against the hub's SHA-256 ETags and resumed only from the
 //! same upload.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::checkpoint::source::{read_hub_shards, sha256_hex};
@@ -17,18 +19,7 @@ use deltafin::K3Config;
 const REPO: &str = "moonshotai/Kimi-K3-nano";
 const COMMIT_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
-fn deltafin(hub: &MockHub, args: &[&str], root: &Path, env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltafin"));
-    c.args(args)
-        .arg("--model-root")
-        .arg(root)
-        .env("HF_ENDPOINT", hub.endpoint())
-        .env("HF_HUB_CACHE", root.join(".hf-cache"));
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().unwrap()
-}
+use common::deltafin_on_hub as deltafin;
 
 fn ok(out: Output, what: &str) -> Output {
     assert!(

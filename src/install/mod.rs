@@ -14,9 +14,11 @@ use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, Tens
 use crate::{Error, K3Config, Result};
 
 mod download;
+mod layers;
 mod setup;
 use crate::fsio::{free_bytes, RootLock};
 pub use download::part_name;
+pub use layers::parse_layers;
 pub use setup::setup;
 
 /// Where the install manifest lives.

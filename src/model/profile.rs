@@ -132,7 +132,7 @@ impl Observer for LayerProfile {
 }
 
 /// Milliseconds since `t`, restarting it.
-pub(crate) fn lap(t: &mut Instant) -> f64 {
+pub fn lap(t: &mut Instant) -> f64 {
     let now = Instant::now();
     let ms = now.duration_since(*t).as_secs_f64() * 1e3;
     *t = now;

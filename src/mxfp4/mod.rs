@@ -7,6 +7,8 @@ pub mod format;
 pub mod kernels;
 #[cfg(feature = "metal")]
 mod metal;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod op;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;

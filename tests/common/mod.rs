@@ -62,3 +62,23 @@ pub fn generate_with(
         .generate(&mut m.new_state(), prompt, &opts, &stop, |_| {})?
         .generated_ids)
 }
+
+/// Runs the `deltafin` binary with `args --model-root root` against the mock hub `hub`
+/// (`HF_ENDPOINT`, a hub cache inside the root) and the extra environment `env`.
+pub fn deltafin_on_hub(
+    hub: &deltafin::hub::mock::MockHub,
+    args: &[&str],
+    root: &std::path::Path,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"));
+    c.args(args)
+        .arg("--model-root")
+        .arg(root)
+        .env("HF_ENDPOINT", hub.endpoint())
+        .env("HF_HUB_CACHE", root.join(".hf-cache"));
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}

@@ -10,10 +10,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::checkpoint::fixture::{write_k3_full, write_nano, write_slice, NanoOptions};
-use crate::checkpoint::{ExpertIndex, Inventory};
-use crate::mxfp4::Kernel;
-use crate::K3Config;
+use deltafin::checkpoint::fixture::{write_k3_full, write_nano, write_slice, NanoOptions};
+use deltafin::checkpoint::{ExpertIndex, Inventory};
+use deltafin::mxfp4::Kernel;
+use deltafin::K3Config;
 
 /// Kimi K3 on one machine: streamed MXFP4 experts on Candle.
 #[derive(Debug, Parser)]
@@ -170,7 +170,7 @@ pub enum BenchKind {
         runs: usize,
         /// Compute device: auto, cpu or metal.
         #[arg(long, value_enum, default_value = "auto")]
-        device: crate::compute::device::DeviceChoice,
+        device: deltafin::compute::device::DeviceChoice,
         /// Instead: time one MLA layer's decode step with this many positions cached (and what
         /// the step allocates), for each value, comma-separated.
         #[arg(long, value_delimiter = ',')]
@@ -285,7 +285,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(a) => run::serve(&a)?,
         Command::Setup(a) => install::run_setup(&a)?,
         Command::MockHub { dir, repo, listen } => {
-            let hub = crate::hub::mock::MockHub::start_on(&dir, &repo, &listen)?;
+            let hub = deltafin::hub::mock::MockHub::start_on(&dir, &repo, &listen)?;
             eprintln!(
                 "serving {} as {repo} at {} (set HF_ENDPOINT to it); Ctrl-C stops",
                 dir.display(),
@@ -296,10 +296,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::FetchExperts(a) => install::run_fetch(&a)?,
         Command::WarmCache(a) => install::run_warm(&a)?,
         Command::ConvertSpineInt8 { model_root } => {
-            convert(&model_root, crate::spine::convert::SpineFormat::Int8)?
+            convert(&model_root, deltafin::spine::convert::SpineFormat::Int8)?
         }
         Command::ConvertSpine { model_root } => {
-            convert(&model_root, crate::spine::convert::SpineFormat::Bf16)?
+            convert(&model_root, deltafin::spine::convert::SpineFormat::Bf16)?
         }
         Command::Bench { kind } => match kind {
             BenchKind::Spine { model_root, runs } => {
@@ -327,10 +327,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 context,
                 breakdown,
             } => {
-                let device = crate::compute::device::select(device)?;
-                println!("device={}", crate::compute::device::describe(&device));
+                let device = deltafin::compute::device::select(device)?;
+                println!("device={}", deltafin::compute::device::describe(&device));
                 let mut model =
-                    crate::K3Model::open_with(&model_root, &device, &Default::default(), |p| {
+                    deltafin::K3Model::open_with(&model_root, &device, &Default::default(), |p| {
                         eprintln!("{p}")
                     })?;
                 if !context.is_empty() {
@@ -399,7 +399,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn convert(
     root: &std::path::Path,
-    format: crate::spine::convert::SpineFormat,
+    format: deltafin::spine::convert::SpineFormat,
 ) -> anyhow::Result<()> {
     let cfg = K3Config::from_file(&root.join("config.json"))?;
     let inv = Inventory::from_dir(root)?;
@@ -411,13 +411,13 @@ fn convert(
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
         .progress_chars("=> "),
     );
-    use crate::spine::convert::{convert_spine, convert_spine_from, store_dir, SpineFormat};
+    use deltafin::spine::convert::{convert_spine, convert_spine_from, store_dir, SpineFormat};
     let n = cfg.num_layers();
     let local_shards = inv.shards.iter().all(|s| root.join(&s.file).is_file());
     let bf16 = store_dir(root, SpineFormat::Bf16);
-    let fp = crate::checkpoint::Source::of(&inv).fingerprint();
-    let bf16_complete = crate::spine::convert::store_state(root, SpineFormat::Bf16, n, &fp)
-        == crate::spine::convert::StoreState::Current;
+    let fp = deltafin::checkpoint::Source::of(&inv).fingerprint();
+    let bf16_complete = deltafin::spine::convert::store_state(root, SpineFormat::Bf16, n, &fp)
+        == deltafin::spine::convert::StoreState::Current;
     if !local_shards && !bf16_complete {
         anyhow::bail!(
             "{} has no shards and its BF16 spine store is not complete for this checkpoint ({}): re-run `deltafin setup` to (re)build it",
@@ -427,7 +427,7 @@ fn convert(
     }
     let dir = if !local_shards && format == SpineFormat::Int8 && bf16_complete {
         // A streaming install has no shards: its BF16 store holds the original bytes.
-        let src = crate::spine::convert::StoreTensors::new(bf16, &inv);
+        let src = deltafin::spine::convert::StoreTensors::new(bf16, &inv);
         convert_spine_from(&src, &inv, n, root, format, |done, _| {
             bar.set_position(done as u64)
         })?

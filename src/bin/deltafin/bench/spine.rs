@@ -8,13 +8,13 @@ use std::time::Instant;
 
 use super::experts::{raw_read, raw_read_jobs};
 use super::Stats;
-use crate::checkpoint::{ExpertIndex, Inventory};
-use crate::experts::{drop_from_page_cache_all, TieredExperts, TieredOptions};
-use crate::fsio::BufPool;
-use crate::spine::convert::{convert_spine, store_dir, SpineFormat};
-use crate::spine::layer::read_file;
-use crate::spine::source::{Spine, SpineChoice, SpineOptions};
-use crate::{K3Config, K3Model, Result};
+use deltafin::checkpoint::{ExpertIndex, Inventory};
+use deltafin::experts::{drop_from_page_cache_all, TieredExperts, TieredOptions};
+use deltafin::fsio::BufPool;
+use deltafin::spine::convert::{convert_spine, store_dir, SpineFormat};
+use deltafin::spine::layer::read_file;
+use deltafin::spine::source::{Spine, SpineChoice, SpineOptions};
+use deltafin::{K3Config, K3Model, Result};
 
 /// `O_DIRECT` requests in flight for the raw bound.
 const RAW_READERS: usize = 4;

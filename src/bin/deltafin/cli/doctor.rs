@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::checkpoint::{ExpertIndex, Inventory};
-use crate::memory::{reserve, Memory};
-use crate::mxfp4::Kernel;
-use crate::spine::convert::{store_dir, SpineFormat};
-use crate::K3Config;
+use deltafin::checkpoint::{ExpertIndex, Inventory};
+use deltafin::memory::{reserve, Memory};
+use deltafin::mxfp4::Kernel;
+use deltafin::spine::convert::{store_dir, SpineFormat};
+use deltafin::K3Config;
 
 /// Arguments of `doctor`.
 #[derive(Debug, Clone, Args)]
@@ -64,8 +64,8 @@ fn host(r: &mut Report) {
     } else {
         r.ok("cpu", line);
     }
-    if crate::compute::device::METAL_COMPILED {
-        match crate::compute::device::select(crate::compute::device::DeviceChoice::Metal) {
+    if deltafin::compute::device::METAL_COMPILED {
+        match deltafin::compute::device::select(deltafin::compute::device::DeviceChoice::Metal) {
             Ok(_) => r.ok("metal", "device 0 opens"),
             Err(e) => r.warn("metal", e),
         }
@@ -102,13 +102,13 @@ fn temporaries(r: &mut Report, root: &Path) {
         root.join("deltafin-meta/headers"),
         store_dir(root, SpineFormat::Bf16),
         store_dir(root, SpineFormat::Int8),
-        crate::install::experts_dir(root),
+        deltafin::install::experts_dir(root),
     ];
     let left: Vec<String> = dirs
         .iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
         .flat_map(|rd| rd.flatten())
-        .filter(|e| crate::fsio::atomic::is_temp_name(&e.file_name().to_string_lossy()))
+        .filter(|e| deltafin::fsio::atomic::is_temp_name(&e.file_name().to_string_lossy()))
         .map(|e| e.path().display().to_string())
         .collect();
     if left.is_empty() {
@@ -128,7 +128,8 @@ fn temporaries(r: &mut Report, root: &Path) {
 fn model(r: &mut Report, root: &Path, verify: bool) {
     // A setup that started (headers being saved) but never wrote its manifest was interrupted:
     // nothing is wrong with the files so far, and setup resumes from them.
-    if crate::install::read_manifest(root).is_none() && crate::install::setup_marker(root).is_file()
+    if deltafin::install::read_manifest(root).is_none()
+        && deltafin::install::setup_marker(root).is_file()
     {
         temporaries(r, root);
         return r.warn(
@@ -178,8 +179,8 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         }
     };
     let inv = std::sync::Arc::new(inv);
-    let opts = crate::engine::LoadOptions::default();
-    match crate::engine::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
+    let opts = deltafin::engine::LoadOptions::default();
+    match deltafin::engine::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
         Ok(p) => r.ok(
             "memory plan",
             format!(
@@ -190,8 +191,8 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         ),
         Err(e) => r.fail("memory plan", e),
     }
-    match crate::install::read_manifest(root) {
-        Some(m) if m.mode == "stream" => match crate::install::missing_experts(root, None) {
+    match deltafin::install::read_manifest(root) {
+        Some(m) if m.mode == "stream" => match deltafin::install::missing_experts(root, None) {
             Ok(miss) => {
                 let (n, b) = miss
                     .iter()
@@ -220,7 +221,7 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
     }
     temporaries(r, root);
     let layers = cfg.num_layers();
-    let fp = crate::checkpoint::Source::of(&inv).fingerprint();
+    let fp = deltafin::checkpoint::Source::of(&inv).fingerprint();
     r.ok("source", format!("checkpoint fingerprint {fp}"));
     for f in [SpineFormat::Int8, SpineFormat::Bf16] {
         spine_store(r, root, f, layers, &fp, verify);
@@ -228,11 +229,11 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
     if let Some(index) = &index {
         expert_cache(r, root, &inv, index);
     }
-    match crate::tokenizer::Tokenizer::from_dir(root) {
+    match deltafin::tokenizer::Tokenizer::from_dir(root) {
         Ok(t) => r.ok("tokenizer", format!("{} ranks", t.num_ranks())),
         Err(e) => r.fail("tokenizer", e),
     }
-    match crate::fsio::fs_free(root) {
+    match deltafin::fsio::fs_free(root) {
         Some(b) if b < 50_000_000_000 => r.warn(
             "disk",
             format!(
@@ -249,7 +250,7 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
 /// One spine store: complete and from this checkpoint (checksums verified with `--verify`),
 /// partial, stale (built from another checkpoint) or absent.
 fn spine_store(r: &mut Report, root: &Path, f: SpineFormat, layers: usize, fp: &str, verify: bool) {
-    use crate::spine::convert::{store_files, store_state, StoreState};
+    use deltafin::spine::convert::{store_files, store_state, StoreState};
     let what = format!("spine {}", f.dir_name());
     let convert = if f == SpineFormat::Int8 {
         "convert-spine-int8"
@@ -259,12 +260,12 @@ fn spine_store(r: &mut Report, root: &Path, f: SpineFormat, layers: usize, fp: &
     let files: Vec<PathBuf> = store_files(&store_dir(root, f), layers);
     match store_state(root, f, layers, fp) {
         StoreState::Current if verify => {
-            let pool = crate::fsio::BufPool::new(1);
+            let pool = deltafin::fsio::BufPool::new(1);
             // Every file, the tail (lm_head) and the embedding included.
             let bad: Vec<String> = files
                 .iter()
                 .filter(|p| {
-                    crate::spine::layer::read_file(p, &pool)
+                    deltafin::spine::layer::read_file(p, &pool)
                         .and_then(|l| l.verify())
                         .is_err()
                 })
@@ -308,15 +309,16 @@ fn spine_store(r: &mut Report, root: &Path, f: SpineFormat, layers: usize, fp: &
 /// The streaming install's expert cache: whether every cached expert was read from the shards
 /// this checkpoint has now.
 fn expert_cache(r: &mut Report, root: &Path, inv: &Inventory, index: &ExpertIndex) {
-    let dir = crate::install::experts_dir(root);
+    let dir = deltafin::install::experts_dir(root);
     if !dir.is_dir() {
         return;
     }
-    let Ok(c) = crate::experts::DiskCache::new(&dir, crate::experts::CacheAdvice::Auto) else {
+    let Ok(c) = deltafin::experts::DiskCache::new(&dir, deltafin::experts::CacheAdvice::Auto)
+    else {
         return r.fail("expert cache", format!("{} is unreadable", dir.display()));
     };
     let cached = c.cached_experts();
-    let ids = crate::checkpoint::Source::of(inv).shard_ids();
+    let ids = deltafin::checkpoint::Source::of(inv).shard_ids();
     let stale = match c.recorded_source() {
         None => cached.len(),
         Some(_) => {

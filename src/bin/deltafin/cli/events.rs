@@ -7,9 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::experts::ExpertStats;
-use crate::model::LayerProfile;
-use crate::K3Model;
+use deltafin::experts::ExpertStats;
+use deltafin::model::LayerProfile;
+use deltafin::K3Model;
 
 /// The event stream (inert when no path was given).
 pub struct Events {
@@ -111,7 +111,7 @@ impl TokenReport {
             }
         }
         if self.events.on() {
-            let ms = crate::model::profile::lap(&mut self.clock);
+            let ms = deltafin::model::profile::lap(&mut self.clock);
             let v = serde_json::json!({
                 "i": self.i, "id": id, "ms": ms, "piece": piece, "experts": token_stats,
             });

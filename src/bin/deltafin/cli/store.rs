@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::engine::LoadOptions;
-use crate::experts::{CacheAdvice, DiskCache, TieredOptions};
-use crate::spine::source::SpineChoice;
-use crate::{Engine, EngineOptions, K3Model};
+use deltafin::engine::LoadOptions;
+use deltafin::experts::{CacheAdvice, DiskCache, TieredOptions};
+use deltafin::spine::source::SpineChoice;
+use deltafin::{Engine, EngineOptions, K3Model};
 
 /// Expert-store, spine and memory settings shared by the commands that run the model.
 #[derive(Debug, Clone, Args)]
@@ -54,7 +54,7 @@ pub struct StoreArgs {
     /// Compute device for the spine: auto (Metal when built with `--features metal` and a GPU
     /// exists, else the CPU), cpu, or metal.
     #[arg(long, value_enum, default_value = "auto")]
-    pub device: crate::compute::device::DeviceChoice,
+    pub device: deltafin::compute::device::DeviceChoice,
 }
 
 fn non_negative(v: Option<f64>, flag: &str, unit: f64) -> anyhow::Result<Option<u64>> {
@@ -123,12 +123,12 @@ pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyho
     let ram = model.plan().map(|p| p.expert_ram).unwrap_or(0);
     eprintln!(
         "device: {} (host: {} threads, MXFP4 kernel {}); experts: RAM tier {:.2} GB{}{}, {} readers, prefetch {}",
-        crate::compute::device::describe(model.device()),
+        deltafin::compute::device::describe(model.device()),
         rayon::current_num_threads(),
         model.options.kernel.name(),
         ram as f64 / 1e9,
         if store.cache_dir.is_some() { ", disk cache" } else { "" },
-        match crate::install::read_manifest(root) {
+        match deltafin::install::read_manifest(root) {
             Some(m) if m.mode == "stream" => ", disk cache + hub (streaming install)",
             _ => ", local shards",
         },
@@ -148,8 +148,8 @@ pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyho
         r.bytes_read_per_token as f64 / 1e9,
         model.context_limit()
     );
-    if let Some(m) = crate::install::read_manifest(root).filter(|m| m.mode == "stream") {
-        let missing = crate::install::missing_experts(root, None)?;
+    if let Some(m) = deltafin::install::read_manifest(root).filter(|m| m.mode == "stream") {
+        let missing = deltafin::install::missing_experts(root, None)?;
         let (n, bytes): (usize, u64) = missing
             .iter()
             .fold((0, 0), |(n, b), t| (n + t.1.len(), b + t.2));
@@ -167,7 +167,7 @@ pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyho
 
 /// Peak resident memory (`VmHWM`) and the plan's total, for end-of-run reports.
 pub fn memory_report(model: &K3Model) -> serde_json::Value {
-    let (_, peak) = crate::memory::rss();
+    let (_, peak) = deltafin::memory::rss();
     serde_json::json!({
         "peak_rss_bytes": peak,
         "plan": model.plan(),

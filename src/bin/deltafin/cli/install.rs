@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::install::{fetch_experts, missing_experts, setup, warm_plan, Mode, SetupOptions};
+use deltafin::install::{
+    fetch_experts, missing_experts, parse_layers, setup, warm_plan, Mode, SetupOptions,
+};
 
 /// Arguments of `setup`.
 #[derive(Debug, Clone, Args)]
@@ -57,61 +59,6 @@ pub fn run_setup(a: &SetupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses `1-40,45` into layer indices, each below `layers` (the model's layer count), so no
-/// input can ask for more than `layers` entries per comma-separated part.
-pub fn parse_layers(s: &str, layers: usize) -> anyhow::Result<Vec<usize>> {
-    let mut out = Vec::new();
-    let check = |l: usize| -> anyhow::Result<usize> {
-        if l >= layers {
-            anyhow::bail!(
-                "layer {l} is past the model's last layer ({})",
-                layers.saturating_sub(1)
-            );
-        }
-        Ok(l)
-    };
-    for part in s.split(',').filter(|p| !p.trim().is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
-                if b < a {
-                    anyhow::bail!("layer range {part} is backwards");
-                }
-                out.extend(check(a)?..=check(b)?);
-            }
-            None => out.push(check(part.trim().parse()?)?),
-        }
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_layers;
-
-    /// 20,000 random and mutated range strings: never a panic, never more entries than the
-    /// layers times the parts.
-    #[test]
-    fn layer_ranges_fuzz() {
-        assert_eq!(parse_layers("1-3,5", 93).unwrap(), vec![1, 2, 3, 5]);
-        assert!(parse_layers("0-18446744073709551615", 93).is_err());
-        assert!(parse_layers("7-2", 93).is_err());
-        assert!(parse_layers("93", 93).is_err());
-        let mut rng = crate::checkpoint::rng::Rng::new(4);
-        let alphabet = b"0123456789-, 9999999999999999999999";
-        for _ in 0..20_000 {
-            let n = rng.below(24) as usize;
-            let s: String = (0..n)
-                .map(|_| alphabet[rng.below(alphabet.len() as u64) as usize] as char)
-                .collect();
-            if let Ok(v) = parse_layers(&s, 93) {
-                let parts = s.split(',').count();
-                assert!(v.len() <= 93 * parts && v.iter().all(|&l| l < 93), "{s}");
-            }
-        }
-    }
-}
-
 /// Arguments of `fetch-experts`.
 #[derive(Debug, Clone, Args)]
 pub struct FetchArgs {
@@ -128,7 +75,7 @@ pub struct FetchArgs {
 
 /// Runs `fetch-experts`.
 pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
-    let n = crate::K3Config::from_file(&a.model_root.join("config.json"))?.num_layers();
+    let n = deltafin::K3Config::from_file(&a.model_root.join("config.json"))?.num_layers();
     let layers = a
         .layers
         .as_deref()

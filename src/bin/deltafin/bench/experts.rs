@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::Stats;
-use crate::checkpoint::rng::Rng;
-use crate::checkpoint::{ExpertIndex, Inventory};
-use crate::experts::{
+use deltafin::checkpoint::rng::Rng;
+use deltafin::checkpoint::{ExpertIndex, Inventory};
+use deltafin::experts::{
     drop_from_page_cache_all, CacheAdvice, ExpertProvider, TieredExperts, TieredOptions,
 };
-use crate::{Error, K3Config, Result};
+use deltafin::{Error, K3Config, Result};
 
 /// Options of `bench experts`.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct ExpertsBenchOptions {
 pub(crate) fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
     const CHUNK: usize = 16 << 20;
     let f = open_direct(path)?;
-    let mut buf = crate::fsio::AlignedBuf::new(CHUNK)?;
+    let mut buf = deltafin::fsio::AlignedBuf::new(CHUNK)?;
     let (a, b) = (start & !4095, end.div_ceil(4096) * 4096);
     let t0 = Instant::now();
     let mut off = a;
@@ -62,7 +62,7 @@ pub(crate) fn raw_read_jobs(
         let hs: Vec<_> = (0..r)
             .map(|t| {
                 sc.spawn(move || -> Result<()> {
-                    let mut buf = crate::fsio::AlignedBuf::new(CHUNK)?;
+                    let mut buf = deltafin::fsio::AlignedBuf::new(CHUNK)?;
                     let mut open: Option<(usize, std::fs::File)> = None;
                     for (shard, parts) in jobs.iter().skip(t).step_by(r) {
                         if open.as_ref().is_none_or(|(s, _)| s != shard) {
@@ -111,7 +111,7 @@ fn open_direct(path: &Path) -> Result<std::fs::File> {
         .custom_flags(flags)
         .open(path)
         .map_err(|e| Error::io(path, e))?;
-    crate::experts::disk::no_cache_on_open(&f, crate::experts::CacheAdvice::Auto);
+    deltafin::experts::disk::no_cache_on_open(&f, deltafin::experts::CacheAdvice::Auto);
     Ok(f)
 }
 

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use crate::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
-use crate::model::{LayerProfile, RouterTrace};
-use crate::tokenizer::StreamDecoder;
-use crate::{GenerateOptions, Generator};
+use deltafin::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
+use deltafin::generate::argmax;
+use deltafin::model::{LayerProfile, RouterTrace};
+use deltafin::tokenizer::StreamDecoder;
+use deltafin::GenerateOptions;
 
 pub use super::store::{load_engine, StoreArgs};
 
@@ -115,13 +116,13 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         max_new: a.max_new.unwrap_or(if a.chat { 8192 } else { 64 }),
         stop_ids: vec![model.config().eos_token_id],
     };
-    let mut state = model.new_state();
+    let mut session = engine.session(ChatOptions::default());
     let mut events = super::events::Events::create(a.events_jsonl.as_deref())?;
     events.emit(
         "start",
         serde_json::json!({
             "model_root": a.model_root.display().to_string(),
-            "device": crate::compute::device::describe(model.device()),
+            "device": deltafin::compute::device::describe(model.device()),
             "kernel": model.options.kernel.name(),
             "spine": model.spine().report(),
             "prompt_tokens": prompt_ids.len(),
@@ -145,8 +146,12 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             }
         }
     };
-    let gen =
-        Generator::new(model).generate(&mut state, &prompt_ids, &gen_opts, &cancel, |id| {
+    let gen = session.generate(
+        &prompt_ids,
+        &gen_opts,
+        &cancel,
+        &mut |l: &[f32]| argmax(l),
+        |id| {
             report.token(model, id, tok.map(|t| t.decode(&[id])));
             if !a.json {
                 match &tok {
@@ -156,7 +161,8 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
                     None => {}
                 }
             }
-        })?;
+        },
+    )?;
     if let Some(rt) = &router_trace {
         rt.flush()?;
     }
@@ -223,7 +229,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             eprintln!("total: {}", serde_json::to_string(&s)?);
         }
     }
-    let (_, peak) = crate::memory::rss();
+    let (_, peak) = deltafin::memory::rss();
     eprintln!(
         "peak RSS {:.2} GB{}",
         peak as f64 / 1e9,
@@ -268,14 +274,14 @@ pub struct ServeArgs {
 /// Runs `deltafin serve`.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let engine = load_engine(&a.model_root, &a.store, 1)?;
-    let cfg = crate::server::ServerConfig {
+    let cfg = deltafin::server::ServerConfig {
         model_id: a.model_id.clone(),
         max_tokens: a.max_tokens.max(1),
         queue: a.queue,
         body_limit: a.body_limit_mb.max(1) << 20,
         ..Default::default()
     };
-    let state = crate::server::AppState::new(engine, cfg);
+    let state = deltafin::server::AppState::new(engine, cfg);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -288,11 +294,11 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
             a.model_id,
             listener.local_addr()?
         );
-        if crate::install::read_manifest(&a.model_root).is_some_and(|m| m.mode == "stream") {
+        if deltafin::install::read_manifest(&a.model_root).is_some_and(|m| m.mode == "stream") {
             eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
         }
         tokio::select! {
-            r = crate::server::serve(listener, state) => r.map_err(anyhow::Error::from),
+            r = deltafin::server::serve(listener, state) => r.map_err(anyhow::Error::from),
             _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); Ok(()) }
         }
     })

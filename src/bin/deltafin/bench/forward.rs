@@ -9,9 +9,9 @@ use std::time::Instant;
 use candle::Tensor;
 
 use super::{stream_read, Stats};
-use crate::config::AttnKind;
-use crate::model::state::LayerState;
-use crate::{Error, K3Model, Result};
+use deltafin::config::AttnKind;
+use deltafin::model::state::LayerState;
+use deltafin::{Error, K3Model, Result};
 
 /// Times one MLA layer's decode step with `n` positions already cached, for each `n`.
 pub fn context_bench(
@@ -28,7 +28,7 @@ pub fn context_bench(
         .ok_or_else(|| Error::Msg("the model has no MLA layer".into()))?;
     let ld = model.spine().load_layer(l)?;
     let h = model.config().text().hidden_size;
-    let mut rng = crate::checkpoint::rng::Rng::new(1);
+    let mut rng = deltafin::checkpoint::rng::Rng::new(1);
     let mut rand = |n: usize| -> Vec<f32> {
         (0..n)
             .map(|_| (rng.uniform() as f32 * 2.0 - 1.0) * 0.5)
@@ -52,17 +52,17 @@ pub fn context_bench(
         model.attention(l, &x, &mut st, &ld)?;
         let (mut ms, mut alloc) = (Vec::new(), Vec::new());
         for _ in 0..runs.max(1) {
-            let base = crate::alloc_count::reset_peak();
+            let base = deltafin::alloc_count::reset_peak();
             let t0 = Instant::now();
             model.attention(l, &x, &mut st, &ld)?;
             ms.push(t0.elapsed().as_secs_f64() * 1e3);
-            alloc.push((crate::alloc_count::peak() - base) as f64);
+            alloc.push((deltafin::alloc_count::peak() - base) as f64);
         }
         let (t, a) = (Stats::of(ms), Stats::of(alloc));
         emit(
             serde_json::json!({"figure": "mla_decode_step_ms", "layer": l, "context": n,
             "median": t.median, "min": t.min, "max": t.max,
-            "alloc_peak_bytes": if crate::alloc_count::installed() { serde_json::json!(a.median) } else { serde_json::Value::Null }}),
+            "alloc_peak_bytes": if deltafin::alloc_count::installed() { serde_json::json!(a.median) } else { serde_json::Value::Null }}),
         );
         per_ctx.push((n, t.median));
     }
@@ -78,7 +78,7 @@ pub fn context_bench(
 /// Buffered read rate of `bytes` from the model's shards, the way the spine and experts are
 /// read (positioned reads into one reused buffer, 2 threads), after dropping the page cache.
 fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
-    let inv = crate::checkpoint::Inventory::from_dir(root)?;
+    let inv = deltafin::checkpoint::Inventory::from_dir(root)?;
     let mut files: Vec<(std::path::PathBuf, u64)> = inv
         .shards
         .iter()
@@ -95,7 +95,7 @@ fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
         .ok_or_else(|| Error::Msg("no shards".into()))?;
     let span = bytes.min(len);
     let f = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
-    crate::experts::disk::drop_from_page_cache(&f, 0, len, crate::experts::CacheAdvice::Auto);
+    deltafin::experts::disk::drop_from_page_cache(&f, 0, len, deltafin::experts::CacheAdvice::Auto);
     let threads = 2u64;
     let t0 = Instant::now();
     std::thread::scope(|s| -> Result<()> {
@@ -124,7 +124,7 @@ fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
         Ok(())
     })?;
     let gbps = span as f64 / 1e9 / t0.elapsed().as_secs_f64();
-    crate::experts::disk::drop_from_page_cache(&f, 0, len, crate::experts::CacheAdvice::Auto);
+    deltafin::experts::disk::drop_from_page_cache(&f, 0, len, deltafin::experts::CacheAdvice::Auto);
     Ok(gbps)
 }
 
@@ -148,7 +148,7 @@ pub fn breakdown_bench(
     emit(
         serde_json::json!({"figure": "bandwidth", "memory_read_gbps": mem_gbps, "shard_read_gbps": read_gbps}),
     );
-    let profile = std::sync::Arc::new(crate::model::LayerProfile::new(model.experts().clone()));
+    let profile = std::sync::Arc::new(deltafin::model::LayerProfile::new(model.experts().clone()));
     model.observe(profile.clone());
     let r = model.spine().report();
     let all_spine = r.resident_bytes + r.bytes_read_per_token;
@@ -173,14 +173,15 @@ pub fn breakdown_bench(
         let mut logits = model.forward(&prompt, &mut st)?.to_vec1::<f32>()?;
         profile.take();
         for i in 0..decode {
-            let next = crate::generate::argmax(&logits);
+            let next = deltafin::generate::argmax(&logits);
             let before = model.expert_stats().unwrap_or_default();
             let t0 = Instant::now();
             logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;
             let total = t0.elapsed().as_secs_f64() * 1e3;
             let d = model.expert_stats().unwrap_or_default().since(&before);
             let layers = profile.take();
-            let sum = |f: fn(&crate::model::LayerTiming) -> f64| layers.iter().map(f).sum::<f64>();
+            let sum =
+                |f: fn(&deltafin::model::LayerTiming) -> f64| layers.iter().map(f).sum::<f64>();
             let expert_bytes = (d.shard_bytes + d.disk_bytes + d.hub_bytes) as f64;
             let read = r.bytes_read_per_token as f64 + expert_bytes;
             let v = [

@@ -2,6 +2,9 @@
 
 use clap::Parser;
 
+mod bench;
+mod cli;
+
 // Counts live bytes so `bench forward --context` can report what one step allocates.
 #[global_allocator]
 static ALLOC: deltafin::alloc_count::CountingAlloc = deltafin::alloc_count::CountingAlloc;
@@ -12,5 +15,5 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    deltafin::cli::run(deltafin::cli::Cli::parse())
+    cli::run(cli::Cli::parse())
 }
