@@ -1,12 +1,13 @@
-//! K3's tokenizer: tiktoken-format byte-level BPE (`tiktoken.model` ranks, tiktoken's merge rule,
-//! K3's split regex), the 256 reserved specials named by `tokenizer_config.json`, lossy UTF-8
-//! decoding and an incremental decoder for streaming.
+//! K3's tokenizer: `tiktoken.model` ranks run as a `tokenizers::Tokenizer` (byte-level BPE with
+//! K3's split regex, built in `hf`), the 256 reserved specials named by `tokenizer_config.json`
+//! (recognised only where the caller allows), tiktoken's safety split of very long inputs, lossy
+//! UTF-8 decoding and an incremental decoder for streaming. Ours: reading `tiktoken.model` and
+//! the specials, and decoding from the rank bytes.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use base64::Engine;
-use fancy_regex::Regex;
 
 use crate::{Error, Result};
 
@@ -27,11 +28,13 @@ pub const NUM_SPECIALS: u32 = 256;
 
 /// A tiktoken-style BPE tokenizer.
 pub struct Tokenizer {
-    ranks: HashMap<Vec<u8>, u32>,
+    /// The ranks and the split pattern as a `tokenizers` pipeline (no specials).
+    hf: tokenizers::Tokenizer,
     tokens: Vec<Vec<u8>>,
+    /// The rank of each single byte (tiktoken vocabularies hold all 256).
+    byte_rank: [u32; 256],
     specials: Vec<(String, u32)>,
     special_by_id: HashMap<u32, String>,
-    regex: Regex,
     safety_split: bool,
 }
 
@@ -72,80 +75,31 @@ pub fn parse_ranks(text: &str, label: &str) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
-/// tiktoken's merge rule: repeatedly merge the adjacent pair whose merged bytes have the lowest
-/// rank (leftmost on ties); returns the part boundaries. The candidate pairs sit in a min-heap
-/// keyed by `(rank, start)` with stale entries skipped, so a piece of n bytes costs O(n log n)
-/// rather than a rescan of every pair per merge.
-fn byte_pair_merge(ranks: &HashMap<Vec<u8>, u32>, piece: &[u8]) -> Vec<usize> {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    let n = piece.len();
-    if n < 2 {
-        return (0..=n).collect();
-    }
-    // Parts form a linked list over their start offsets: part `i` is `piece[i..next[i]]`.
-    let mut next: Vec<usize> = (1..=n).collect();
-    let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
-    let mut alive = vec![true; n];
-    // Rank of the pair starting at part `i` (with the part after it), if it merges.
-    let pair_rank = |i: usize, next: &[usize]| -> Option<u32> {
-        let j = next[i];
-        (j < n)
-            .then(|| ranks.get(&piece[i..next[j]]).copied())
-            .flatten()
-    };
-    let mut rank: Vec<Option<u32>> = (0..n).map(|i| pair_rank(i, &next)).collect();
-    let mut heap: BinaryHeap<Reverse<(u32, usize)>> = rank
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.map(|r| Reverse((r, i))))
-        .collect();
-    while let Some(Reverse((r, i))) = heap.pop() {
-        if !alive[i] || rank[i] != Some(r) {
-            continue; // stale
-        }
-        let j = next[i];
-        alive[j] = false;
-        next[i] = next[j];
-        if next[j] < n {
-            prev[next[j]] = i;
-        }
-        rank[i] = pair_rank(i, &next);
-        if let Some(r) = rank[i] {
-            heap.push(Reverse((r, i)));
-        }
-        let p = prev[i];
-        if p < n {
-            rank[p] = pair_rank(p, &next);
-            if let Some(r) = rank[p] {
-                heap.push(Reverse((r, p)));
-            }
-        }
-    }
-    let mut bounds: Vec<usize> = (0..n).filter(|&i| alive[i]).collect();
-    bounds.push(n);
-    bounds
-}
-
 impl Tokenizer {
     /// A tokenizer from ranks, named specials `(text, id)` and a split pattern.
     pub fn new(tokens: Vec<Vec<u8>>, specials: Vec<(String, u32)>, pattern: &str) -> Result<Self> {
-        let ranks = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
-        let regex = Regex::new(pattern).map_err(|e| Error::Msg(format!("split pattern: {e}")))?;
+        let hf = hf::build(&tokens, pattern)?;
+        let mut byte_rank = [u32::MAX; 256];
+        for (i, t) in tokens.iter().enumerate() {
+            if let [b] = t[..] {
+                byte_rank[b as usize] = i as u32;
+            }
+        }
+        if let Some(b) = byte_rank.iter().position(|&r| r == u32::MAX) {
+            return Err(Error::Msg(format!(
+                "tokenizer: byte {b:#04x} has no rank (a byte-level BPE needs all 256)"
+            )));
+        }
         let special_by_id = specials.iter().map(|(s, i)| (*i, s.clone())).collect();
         let mut specials = specials;
         // Longest first, so a special that is a prefix of another never wins.
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
         Ok(Tokenizer {
-            ranks,
+            hf,
             tokens,
+            byte_rank,
             specials,
             special_by_id,
-            regex,
             safety_split: true,
         })
     }
@@ -223,47 +177,42 @@ impl Tokenizer {
         self.special_by_id.get(&id).map(|s| s.as_str())
     }
 
-    fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
-        if let Some(&r) = self.ranks.get(piece) {
-            out.push(r);
-            return;
-        }
-        let b = byte_pair_merge(&self.ranks, piece);
-        for w in b.windows(2) {
-            // Every single byte is a rank, so every part is found.
-            if let Some(&r) = self.ranks.get(&piece[w[0]..w[1]]) {
-                out.push(r);
-            }
-        }
-    }
-
-    /// Ordinary text (specials are not recognised): regex pieces, then BPE.
+    /// Ordinary text (specials are not recognised): the split pattern, then BPE, through the
+    /// `tokenizers` pipeline.
     pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::new();
         let chunks = if self.safety_split {
             safety_chunks(text)
         } else {
             vec![text]
         };
+        let mut out = Vec::new();
         for chunk in chunks {
-            let mut pos = 0;
-            while pos < chunk.len() {
-                match self.regex.find_from_pos(chunk, pos) {
-                    Ok(Some(m)) if m.end() > pos => {
-                        if m.start() > pos {
-                            self.encode_piece(&chunk.as_bytes()[pos..m.start()], &mut out);
-                        }
-                        self.encode_piece(m.as_str().as_bytes(), &mut out);
-                        pos = m.end();
-                    }
-                    _ => {
-                        self.encode_piece(&chunk.as_bytes()[pos..], &mut out);
-                        break;
-                    }
+            match self.hf.encode_fast(chunk, false) {
+                Ok(e) => out.extend_from_slice(e.get_ids()),
+                Err(e) => {
+                    // The pipeline has no failure on valid UTF-8 that we know of; should one
+                    // appear, the bytes still reach the model exactly, one token per byte.
+                    tracing::warn!(
+                        "tokenizer: {e}; encoding {} bytes one per token",
+                        chunk.len()
+                    );
+                    out.extend(chunk.bytes().map(|b| self.byte_rank[b as usize]));
                 }
             }
         }
         out
+    }
+
+    /// The same tokenizer as a `tokenizers::Tokenizer` with the specials as added tokens (what
+    /// `deltafin export-tokenizer` writes as `tokenizer.json`).
+    pub fn to_hf(&self) -> Result<tokenizers::Tokenizer> {
+        let mut named: Vec<(String, u32)> = self
+            .special_by_id
+            .iter()
+            .map(|(i, s)| (s.clone(), *i))
+            .collect();
+        named.sort_by_key(|(_, i)| *i);
+        hf::with_specials(self.hf.clone(), &named)
     }
 
     /// Encodes text; special-token spellings are recognised only when `allow_special`.
@@ -391,5 +340,6 @@ impl StreamDecoder {
     }
 }
 
+pub mod hf;
 #[cfg(test)]
 mod tests;

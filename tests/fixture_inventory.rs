@@ -83,10 +83,10 @@ fn broken_checkpoints_give_clear_errors() {
 
 #[test]
 fn duplicate_tensor_across_shards_is_an_error() {
-    use deltafin::checkpoint::header::{build_header, StDtype};
+    use deltafin::checkpoint::header::{build_header, Dtype};
     let dir = tempfile::tempdir().unwrap();
     for i in 1..=2 {
-        let mut b = build_header(&[("x".into(), StDtype::U8, vec![4])]);
+        let mut b = build_header(&[("x".into(), Dtype::U8, vec![4])]).unwrap();
         b.extend_from_slice(&[0; 4]);
         std::fs::write(
             dir.path()

@@ -93,12 +93,12 @@ fn parsers_of_untrusted_bytes_never_panic_or_balloon() {
     let entries = vec![
         (
             "a.weight".to_string(),
-            deltafin::checkpoint::StDtype::BF16,
+            deltafin::checkpoint::Dtype::BF16,
             vec![4, 8],
         ),
-        ("b".to_string(), deltafin::checkpoint::StDtype::F32, vec![3]),
+        ("b".to_string(), deltafin::checkpoint::Dtype::F32, vec![3]),
     ];
-    let header = deltafin::checkpoint::header::build_header(&entries);
+    let header = deltafin::checkpoint::header::build_header(&entries).unwrap();
     let file_len = header.len() as u64 + 64 + 12;
     fuzz("shard header", 1, &header, |b| {
         deltafin::checkpoint::header::parse_header_bytes(b, file_len, label).is_ok()
@@ -111,7 +111,7 @@ fn parsers_of_untrusted_bytes_never_panic_or_balloon() {
         &p,
         &[(
             "m".to_string(),
-            deltafin::checkpoint::StDtype::BF16,
+            deltafin::checkpoint::Dtype::BF16,
             vec![3, 4],
             vec![0u8; 24],
         )],

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 use common::{nano, rel_err32};
 use deltafin::checkpoint::rng::Rng;
-use deltafin::checkpoint::StDtype;
+use deltafin::checkpoint::Dtype;
 use deltafin::compute::{dense, run_experts, spine_device};
 use deltafin::experts::{ExpertBytes, TieredOptions};
 use deltafin::fsio::{BufPool, PooledBuf};
@@ -60,10 +60,10 @@ fn metal_dense_gemv_matches_cpu() {
         sc.extend(s.to_le_bytes());
     }
     let mut layer = LayerData::pack(vec![
-        ("a.weight".into(), StDtype::BF16, vec![rows, cols], bf),
-        ("b.weight".into(), StDtype::F32, vec![rows, cols], f),
-        ("c.weight".into(), StDtype::I8, vec![rows, cols], q),
-        ("c.weight.row_scale".into(), StDtype::F16, vec![rows], sc),
+        ("a.weight".into(), Dtype::BF16, vec![rows, cols], bf),
+        ("b.weight".into(), Dtype::F32, vec![rows, cols], f),
+        ("c.weight".into(), Dtype::I8, vec![rows, cols], q),
+        ("c.weight.row_scale".into(), Dtype::F16, vec![rows], sc),
     ]);
     let xs: Vec<f32> = (0..t * cols).map(|_| rng.normal() as f32).collect();
     let x_cpu = Tensor::from_vec(xs.clone(), (t, cols), &Device::Cpu).unwrap();

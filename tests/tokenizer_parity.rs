@@ -81,3 +81,41 @@ fn cl100k_parity() {
 fn o200k_parity() {
     check(tiktoken_rs::o200k_base().unwrap(), 199_998, O200K);
 }
+
+fn ours_of(dir: &std::path::Path) -> Tokenizer {
+    Tokenizer::from_dir(dir).unwrap()
+}
+
+/// `deltafin export-tokenizer` writes a `tokenizer.json` that the `tokenizers` crate loads on its
+/// own and that encodes like our tokenizer (ordinary text), with K3's specials at their ids.
+#[test]
+fn exported_tokenizer_json_encodes_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    deltafin::checkpoint::fixture::write_nano(dir.path(), &Default::default()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["export-tokenizer", "--model-root"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut hf = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
+    // Loaded as is, `tokenizers` recognises special spellings in text (its default); ours
+    // recognises them only where allowed. With that switched off the two agree on every text;
+    // with it on, the specials come out at K3's ids.
+    let mixed = "a <|open|> b [BOS] c";
+    let with = hf.encode(mixed, false).unwrap().get_ids().to_vec();
+    assert_eq!(with, ours_of(dir.path()).encode(mixed, true));
+    hf.set_encode_special_tokens(true);
+    let ours = Tokenizer::from_dir(dir.path()).unwrap();
+    for text in corpus().iter().take(300) {
+        let got = hf.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(got, ours.encode_ordinary(text), "{text:?}");
+    }
+    for s in ["[BOS]", "<|end_of_msg|>"] {
+        assert_eq!(hf.token_to_id(s), ours.special_id(s), "{s}");
+    }
+}

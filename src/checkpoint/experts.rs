@@ -1,7 +1,7 @@
 //! Routed-expert spans: where each expert's six MXFP4 tensors lie, and whether one read gets
 //! them all. The layout is generic so other MoE checkpoints can describe their own naming.
 
-use super::header::StDtype;
+use super::header::Dtype;
 use super::inventory::Inventory;
 use crate::config::K3Config;
 use crate::{Error, Result};
@@ -144,13 +144,12 @@ impl ExpertIndex {
                         dir: inv.dir.clone(),
                         msg: format!("expert part `{n}` is missing (layer {l}, expert {e})"),
                     })?;
-                    if t.dtype != StDtype::U8 || t.shape != shape.as_slice() {
+                    if t.dtype != Dtype::U8 || t.shape != shape.as_slice() {
                         return Err(Error::Tensor {
                             name: n,
                             msg: format!(
                                 "expected U8 {shape:?} from the config, found {} {:?}",
-                                t.dtype.as_str(),
-                                t.shape
+                                t.dtype, t.shape
                             ),
                         });
                     }

@@ -1,100 +1,39 @@
-//! safetensors header parsing from the header bytes alone (a local file or a range fetch).
+//! safetensors headers read from the header bytes alone (a local file or a range fetch): the 8-byte
+//! length is checked here against the file size, and the JSON is deserialised and validated by the
+//! `safetensors` crate (`tensor::Metadata`: dtypes, shapes, offsets that tile the data section).
+//! Ours is only what the crate cannot know: that the data fits the file, absolute offsets, errors
+//! that name the file, and the header's SHA-256.
 
 use std::io::Read;
 use std::path::Path;
+
+use safetensors::tensor::{Metadata, TensorInfo};
 
 use crate::{Error, Result};
 
 /// Largest header we accept (the safetensors crate's own limit).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
-/// The dtypes safetensors defines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StDtype {
-    /// bool (1 byte).
-    Bool,
-    /// u8.
-    U8,
-    /// i8.
-    I8,
-    /// f8 e4m3.
-    F8E4M3,
-    /// f8 e5m2.
-    F8E5M2,
-    /// i16.
-    I16,
-    /// u16.
-    U16,
-    /// f16.
-    F16,
-    /// bf16.
-    BF16,
-    /// i32.
-    I32,
-    /// u32.
-    U32,
-    /// f32.
-    F32,
-    /// f64.
-    F64,
-    /// i64.
-    I64,
-    /// u64.
-    U64,
+/// The safetensors crate's dtype.
+pub use safetensors::Dtype;
+
+/// What this crate needs of a `Dtype` beyond the crate's own methods.
+pub trait DtypeExt: Sized {
+    /// Parses the safetensors spelling (`"BF16"`), as the crate's deserialiser does.
+    fn parse(s: &str) -> Option<Self>;
+    /// Bytes per element (whole-byte dtypes: K3's BF16, F32 and U8, the spine's I8 and F16).
+    fn bytes(self) -> u64;
 }
 
-impl StDtype {
-    /// Parses a safetensors dtype string.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "BOOL" => Self::Bool,
-            "U8" => Self::U8,
-            "I8" => Self::I8,
-            "F8_E4M3" => Self::F8E4M3,
-            "F8_E5M2" => Self::F8E5M2,
-            "I16" => Self::I16,
-            "U16" => Self::U16,
-            "F16" => Self::F16,
-            "BF16" => Self::BF16,
-            "I32" => Self::I32,
-            "U32" => Self::U32,
-            "F32" => Self::F32,
-            "F64" => Self::F64,
-            "I64" => Self::I64,
-            "U64" => Self::U64,
-            _ => return None,
-        })
+impl DtypeExt for Dtype {
+    fn parse(s: &str) -> Option<Self> {
+        use serde::Deserialize;
+        let d = serde::de::value::StrDeserializer::<serde::de::value::Error>::new(s);
+        Dtype::deserialize(d).ok()
     }
 
-    /// The safetensors spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Bool => "BOOL",
-            Self::U8 => "U8",
-            Self::I8 => "I8",
-            Self::F8E4M3 => "F8_E4M3",
-            Self::F8E5M2 => "F8_E5M2",
-            Self::I16 => "I16",
-            Self::U16 => "U16",
-            Self::F16 => "F16",
-            Self::BF16 => "BF16",
-            Self::I32 => "I32",
-            Self::U32 => "U32",
-            Self::F32 => "F32",
-            Self::F64 => "F64",
-            Self::I64 => "I64",
-            Self::U64 => "U64",
-        }
-    }
-
-    /// Bytes per element.
-    pub fn size(self) -> u64 {
-        match self {
-            Self::Bool | Self::U8 | Self::I8 | Self::F8E4M3 | Self::F8E5M2 => 1,
-            Self::I16 | Self::U16 | Self::F16 | Self::BF16 => 2,
-            Self::I32 | Self::U32 | Self::F32 => 4,
-            Self::F64 | Self::I64 | Self::U64 => 8,
-        }
+    fn bytes(self) -> u64 {
+        (self.bitsize() / 8) as u64
     }
 }
 
@@ -104,7 +43,7 @@ pub struct HeaderTensor {
     /// Tensor name.
     pub name: String,
     /// Element type.
-    pub dtype: StDtype,
+    pub dtype: Dtype,
     /// Shape.
     pub shape: Vec<usize>,
     /// Absolute start in the file.
@@ -170,99 +109,25 @@ pub fn parse_header_json(json: &[u8], file_len: u64, label: &Path) -> Result<Sha
     }
     let data_start = 8 + header_len;
     let data_len = file_len - data_start;
-    let text =
-        std::str::from_utf8(json).map_err(|e| bad(label, format!("header is not UTF-8: {e}")))?;
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| bad(label, format!("header is not JSON: {e}")))?;
-    let obj = value
-        .as_object()
-        .ok_or_else(|| bad(label, "header is not a JSON object"))?;
-    let mut tensors = Vec::with_capacity(obj.len());
-    for (name, entry) in obj {
-        if name == "__metadata__" {
-            continue;
-        }
-        let e = entry
-            .as_object()
-            .ok_or_else(|| bad(label, format!("tensor `{name}`: entry is not an object")))?;
-        let dtype_s = e
-            .get("dtype")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| bad(label, format!("tensor `{name}`: missing dtype")))?;
-        let dtype = StDtype::parse(dtype_s)
-            .ok_or_else(|| bad(label, format!("tensor `{name}`: unknown dtype `{dtype_s}`")))?;
-        let shape_v = e
-            .get("shape")
-            .and_then(|s| s.as_array())
-            .ok_or_else(|| bad(label, format!("tensor `{name}`: missing shape")))?;
-        let mut shape = Vec::with_capacity(shape_v.len());
-        let mut numel: u64 = 1;
-        for d in shape_v {
-            let d = d.as_u64().ok_or_else(|| {
-                bad(
-                    label,
-                    format!("tensor `{name}`: shape entry {d} is not a non-negative integer"),
-                )
-            })?;
-            numel = numel
-                .checked_mul(d)
-                .ok_or_else(|| bad(label, format!("tensor `{name}`: shape overflows")))?;
-            shape.push(
-                usize::try_from(d)
-                    .map_err(|_| bad(label, format!("tensor `{name}`: dimension too large")))?,
-            );
-        }
-        let offs = e
-            .get("data_offsets")
-            .and_then(|o| o.as_array())
-            .filter(|o| o.len() == 2)
-            .ok_or_else(|| {
-                bad(
-                    label,
-                    format!("tensor `{name}`: data_offsets must be [start, end]"),
-                )
-            })?;
-        let (a, b) = match (offs[0].as_u64(), offs[1].as_u64()) {
-            (Some(a), Some(b)) => (a, b),
-            _ => {
-                return Err(bad(
-                    label,
-                    format!("tensor `{name}`: data_offsets are not integers"),
-                ))
-            }
-        };
-        if b < a {
-            return Err(bad(
-                label,
-                format!("tensor `{name}`: data_offsets end {b} < start {a}"),
-            ));
-        }
-        if b > data_len {
-            return Err(bad(label, format!("tensor `{name}`: data_offsets end {b} is beyond the {data_len}-byte data section (truncated file?)")));
-        }
-        let want = numel
-            .checked_mul(dtype.size())
-            .ok_or_else(|| bad(label, format!("tensor `{name}`: byte size overflows")))?;
-        if b - a != want {
-            return Err(bad(label, format!("tensor `{name}`: {} bytes in data_offsets but dtype {} and shape {shape:?} need {want}", b - a, dtype.as_str())));
-        }
-        tensors.push(HeaderTensor {
-            name: name.clone(),
-            dtype,
-            shape,
-            start: data_start + a,
-            end: data_start + b,
-        });
+    let meta: Metadata = serde_json::from_slice(json)
+        .map_err(|e| bad(label, format!("not a valid safetensors header: {e}")))?;
+    let end = meta.data_len() as u64;
+    if end > data_len {
+        return Err(bad(label, format!("tensor data ends at {end}, beyond the {data_len}-byte data section (truncated file?)")));
     }
-    tensors.sort_by_key(|t| (t.start, t.end));
-    for w in tensors.windows(2) {
-        if w[1].start < w[0].end {
-            return Err(bad(
-                label,
-                format!("tensors `{}` and `{}` overlap", w[0].name, w[1].name),
-            ));
-        }
-    }
+    let mut tensors: Vec<HeaderTensor> = meta
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| HeaderTensor {
+            name,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            start: data_start + t.data_offsets.0 as u64,
+            end: data_start + t.data_offsets.1 as u64,
+        })
+        .collect();
+    // The crate's validation makes the ranges tile the data section; the order is ours to fix.
+    tensors.sort_by(|a, b| (a.start, a.end, &a.name).cmp(&(b.start, b.end, &b.name)));
     Ok(ShardHeader {
         header_len,
         tensors,
@@ -306,33 +171,32 @@ fn read_full(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Serialises a safetensors header for tensors given in data order, padded to 8 bytes.
-/// Returns the full prefix (length + JSON) to write before the data.
-pub fn build_header(entries: &[(String, StDtype, Vec<usize>)]) -> Vec<u8> {
-    let mut json = String::from("{");
-    let mut off = 0u64;
-    for (i, (name, dtype, shape)) in entries.iter().enumerate() {
-        let n: u64 = shape.iter().map(|&d| d as u64).product::<u64>() * dtype.size();
-        if i > 0 {
-            json.push(',');
-        }
-        json.push_str(&format!(
-            "{}:{{\"dtype\":\"{}\",\"shape\":{},\"data_offsets\":[{},{}]}}",
-            serde_json::Value::String(name.clone()),
-            dtype.as_str(),
-            serde_json::to_string(shape).unwrap_or_default(),
-            off,
-            off + n
-        ));
+/// Serialises a safetensors header (through the crate's `Metadata`) for tensors given in data
+/// order, padded with spaces to 8 bytes as the crate pads. Returns the full prefix (length +
+/// JSON) to write before the data.
+pub fn build_header(entries: &[(String, Dtype, Vec<usize>)]) -> Result<Vec<u8>> {
+    let mut off = 0usize;
+    let mut infos = Vec::with_capacity(entries.len());
+    for (name, dtype, shape) in entries {
+        let n = shape.iter().product::<usize>() * dtype.bitsize() / 8;
+        let info = TensorInfo {
+            dtype: *dtype,
+            shape: shape.clone(),
+            data_offsets: (off, off + n),
+        };
+        infos.push((name.clone(), info));
         off += n;
     }
-    json.push('}');
-    while (json.len() + 8) % 8 != 0 {
+    let meta = Metadata::new(None, infos)
+        .map_err(|e| Error::Msg(format!("cannot build a safetensors header: {e}")))?;
+    let mut json = serde_json::to_string(&meta)
+        .map_err(|e| Error::Msg(format!("cannot serialise a safetensors header: {e}")))?;
+    while !json.len().is_multiple_of(8) {
         json.push(' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(json.as_bytes());
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -346,10 +210,11 @@ mod tests {
 
     fn sample() -> (Vec<u8>, u64) {
         let h = build_header(&[
-            ("a".into(), StDtype::BF16, vec![2, 3]),
-            ("b".into(), StDtype::U8, vec![5]),
-            ("c".into(), StDtype::F32, vec![1]),
-        ]);
+            ("a".into(), Dtype::BF16, vec![2, 3]),
+            ("b".into(), Dtype::U8, vec![5]),
+            ("c".into(), Dtype::F32, vec![1]),
+        ])
+        .unwrap();
         let len = h.len() as u64 + 12 + 5 + 4;
         (h, len)
     }

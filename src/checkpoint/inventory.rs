@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::header::{read_header, ShardHeader, StDtype};
+use super::header::{read_header, Dtype, ShardHeader};
 use crate::{Error, Result};
 
 /// Tensor-name prefixes that belong to the vision tower and are skipped.
@@ -16,7 +16,7 @@ pub struct TensorInfo {
     /// Index into `Inventory::shards`.
     pub shard: usize,
     /// Element type.
-    pub dtype: StDtype,
+    pub dtype: Dtype,
     /// Shape.
     pub shape: Vec<usize>,
     /// Absolute start in the shard file.
@@ -343,7 +343,7 @@ impl Inventory {
     }
 
     /// Looks a tensor up and checks its dtype and shape.
-    pub fn require(&self, name: &str, dtype: StDtype, shape: &[usize]) -> Result<&TensorInfo> {
+    pub fn require(&self, name: &str, dtype: Dtype, shape: &[usize]) -> Result<&TensorInfo> {
         let t = self.tensors.get(name).ok_or_else(|| Error::Tensor {
             name: name.into(),
             msg: format!("missing from the checkpoint in {}", self.dir.display()),
@@ -353,9 +353,7 @@ impl Inventory {
                 name: name.into(),
                 msg: format!(
                     "expected {} {shape:?}, found {} {:?}",
-                    dtype.as_str(),
-                    t.dtype.as_str(),
-                    t.shape
+                    dtype, t.dtype, t.shape
                 ),
             });
         }

@@ -12,6 +12,6 @@ pub mod tiktoken_fixture;
 
 pub use experts::{ExpertIndex, ExpertLayout, ExpertSpan};
 pub use files::ShardFiles;
-pub use header::{ShardHeader, StDtype};
+pub use header::{Dtype, DtypeExt, ShardHeader};
 pub use inventory::{Inventory, ShardInfo, TensorInfo};
 pub use source::Source;

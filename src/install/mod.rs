@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::checkpoint::inventory::{discover_shards, remote_headers_dir};
-use crate::checkpoint::{ExpertIndex, Inventory, StDtype};
+use crate::checkpoint::{Dtype, ExpertIndex, Inventory};
 use crate::experts::{CacheAdvice, DiskCache, TieredExperts, TieredOptions};
 use crate::fsio::atomic::write_atomic;
 use crate::hub::HubRepo;
@@ -114,7 +114,7 @@ pub struct RemoteTensors<'a> {
 }
 
 impl TensorBytes for RemoteTensors<'_> {
-    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, Dtype, Vec<usize>)> {
         let t = self.inv.get(name).ok_or_else(|| Error::Tensor {
             name: name.into(),
             msg: "not in the inventory".into(),

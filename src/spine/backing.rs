@@ -12,7 +12,8 @@ use super::convert::{
 use super::layer::{packed_len, parse_header, read_file_sized, Entry, LayerData};
 use super::source::{Spine, SpineChoice};
 use super::ShardSpine;
-use crate::checkpoint::{Inventory, StDtype};
+use crate::checkpoint::DtypeExt;
+use crate::checkpoint::{Dtype, Inventory};
 use crate::fsio::BufPool;
 use crate::{Error, Result};
 
@@ -99,7 +100,7 @@ pub(super) fn small_from_file(path: &Path) -> Result<LayerData> {
         f.read_exact_at(&mut b, e.offset as u64)
             .map_err(|e2| Error::io(path, e2))?;
         let dtype =
-            StDtype::parse(&e.dtype).ok_or_else(|| Error::Msg(format!("bad dtype {}", e.dtype)))?;
+            Dtype::parse(&e.dtype).ok_or_else(|| Error::Msg(format!("bad dtype {}", e.dtype)))?;
         tensors.push((e.name.clone(), dtype, e.shape.clone(), b));
     }
     Ok(LayerData::pack(tensors))

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::dense::quantize_row_int8;
 use super::layer::{file_source, is_current, write_file};
 use super::{to_f32, ShardSpine};
-use crate::checkpoint::{Inventory, StDtype};
+use crate::checkpoint::{Dtype, Inventory};
 use crate::{Error, Result};
 
 /// Spine storage format.
@@ -46,8 +46,8 @@ const KEEP: [&str; 9] = [
 
 /// Whether a tensor is converted to row-int8: every 2-D BF16 tensor except the kept kinds and
 /// the embedding.
-pub fn is_int8_target(name: &str, dtype: StDtype, shape: &[usize]) -> bool {
-    dtype == StDtype::BF16
+pub fn is_int8_target(name: &str, dtype: Dtype, shape: &[usize]) -> bool {
+    dtype == Dtype::BF16
         && shape.len() == 2
         && !KEEP.iter().any(|k| name.contains(k))
         && !name.contains("embed_tokens")
@@ -59,16 +59,16 @@ pub fn is_small(shape: &[usize]) -> bool {
     !(shape.len() == 2 && shape[0] > 1 && shape[1] > 1)
 }
 
-type Packed = Vec<(String, StDtype, Vec<usize>, Vec<u8>)>;
+type Packed = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
 
 /// Where raw tensor bytes come from (local shards, or range requests to the hub).
 pub trait TensorBytes {
     /// The bytes, dtype and shape of a tensor.
-    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)>;
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, Dtype, Vec<usize>)>;
 }
 
 impl TensorBytes for ShardSpine {
-    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, Dtype, Vec<usize>)> {
         self.bytes(name)
     }
 }
@@ -104,7 +104,7 @@ impl<'a> StoreTensors<'a> {
 }
 
 impl TensorBytes for StoreTensors<'_> {
-    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+    fn tensor_bytes(&self, name: &str) -> Result<(Vec<u8>, Dtype, Vec<usize>)> {
         let rel = name.strip_prefix(&self.inv.prefix).unwrap_or(name);
         let (file, entry) = match rel
             .strip_prefix("model.layers.")
@@ -164,8 +164,8 @@ pub fn convert_group(
                 q.extend(qq.iter().map(|v| *v as u8));
                 sc.extend(s.to_le_bytes());
             }
-            out.push((format!("{name}.row_scale"), StDtype::F16, vec![rows], sc));
-            out.push((name, StDtype::I8, shape, q));
+            out.push((format!("{name}.row_scale"), Dtype::F16, vec![rows], sc));
+            out.push((name, Dtype::I8, shape, q));
         } else {
             out.push((name, dtype, shape, bytes));
         }

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use super::to_f32;
-use crate::checkpoint::StDtype;
+use crate::checkpoint::Dtype;
+use crate::checkpoint::DtypeExt;
 use crate::fsio::checksum;
 use crate::fsio::{BufPool, PooledBuf};
 use crate::{Error, Result};
@@ -56,8 +57,8 @@ pub struct LayerData {
     pub(super) device: Option<super::DeviceCopy>,
 }
 
-pub(super) fn dtype_of(e: &Entry) -> Result<StDtype> {
-    StDtype::parse(&e.dtype).ok_or_else(|| Error::Tensor {
+pub(super) fn dtype_of(e: &Entry) -> Result<Dtype> {
+    Dtype::parse(&e.dtype).ok_or_else(|| Error::Tensor {
         name: e.name.clone(),
         msg: format!("unknown dtype {}", e.dtype),
     })
@@ -65,7 +66,7 @@ pub(super) fn dtype_of(e: &Entry) -> Result<StDtype> {
 
 impl LayerData {
     /// Packs `(name, dtype, shape, bytes)` tensors into one buffer (no header).
-    pub fn pack(tensors: Vec<(String, StDtype, Vec<usize>, Vec<u8>)>) -> Self {
+    pub fn pack(tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>) -> Self {
         let (entries, bytes) = layout(&tensors, 0);
         let mut buf = vec![0u8; bytes];
         for (e, (_, _, _, b)) in entries.iter().zip(&tensors) {
@@ -83,7 +84,7 @@ impl LayerData {
     /// Gathers tensors `(name, dtype, shape, byte length)` into one pooled buffer, each read in
     /// place by `read(index, destination)` (no intermediate copies).
     pub fn gather(
-        tensors: &[(String, StDtype, Vec<usize>, usize)],
+        tensors: &[(String, Dtype, Vec<usize>, usize)],
         pool: &Arc<BufPool>,
         cap: usize,
         mut read: impl FnMut(usize, &mut [u8]) -> Result<()>,
@@ -109,7 +110,7 @@ impl LayerData {
     }
 
     /// A tensor's bytes (copied), dtype and shape.
-    pub fn raw_tensor(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+    pub fn raw_tensor(&self, name: &str) -> Result<(Vec<u8>, Dtype, Vec<usize>)> {
         let e = self.entry(name)?;
         Ok((self.data(e)?.to_vec(), dtype_of(e)?, e.shape.clone()))
     }
@@ -173,7 +174,7 @@ impl LayerData {
             });
         }
         match dtype_of(e)? {
-            StDtype::I8 => Ok(self.matrix(name, shape[0], shape[1])?.to_f32()),
+            Dtype::I8 => Ok(self.matrix(name, shape[0], shape[1])?.to_f32()),
             d => to_f32(self.data(e)?, d, name),
         }
     }
@@ -206,11 +207,11 @@ fn index_of(entries: &[Entry]) -> HashMap<String, usize> {
 }
 
 /// The layout `LayerData::gather` gives tensors `(name, dtype, shape, byte length)`.
-pub fn gather_layout(tensors: &[(String, StDtype, Vec<usize>, usize)]) -> Vec<Entry> {
+pub fn gather_layout(tensors: &[(String, Dtype, Vec<usize>, usize)]) -> Vec<Entry> {
     place(tensors.iter().map(|(n, d, s, len)| (n, *d, s, *len, 0)), 0).0
 }
 
-fn layout(tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)], start: usize) -> (Vec<Entry>, usize) {
+fn layout(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], start: usize) -> (Vec<Entry>, usize) {
     place(
         tensors
             .iter()
@@ -230,7 +231,7 @@ pub fn packed_len(lens: impl Iterator<Item = usize>) -> usize {
 /// Entries for `(name, dtype, shape, length, checksum)` placed from `start`, each 64-byte
 /// aligned; returns them and the end offset.
 fn place<'a>(
-    items: impl Iterator<Item = (&'a String, StDtype, &'a Vec<usize>, usize, u64)>,
+    items: impl Iterator<Item = (&'a String, Dtype, &'a Vec<usize>, usize, u64)>,
     start: usize,
 ) -> (Vec<Entry>, usize) {
     let mut off = start;
@@ -239,7 +240,7 @@ fn place<'a>(
         off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
         entries.push(Entry {
             name: name.clone(),
-            dtype: dtype.as_str().to_string(),
+            dtype: dtype.to_string(),
             shape: shape.clone(),
             offset: off,
             len,
@@ -252,7 +253,7 @@ fn place<'a>(
 
 /// The header bytes (magic, length, JSON, padding) and the total file size for `tensors`.
 fn header_for(
-    tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)],
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
     source: &str,
 ) -> (Vec<u8>, Vec<Entry>, usize) {
     // The header's own size fixes the data start; offsets do not change the JSON length much,
@@ -278,7 +279,7 @@ fn header_for(
 /// (temporary name, fsync, rename).
 pub fn write_file(
     path: &Path,
-    tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)],
+    tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
     source: &str,
 ) -> Result<()> {
     use std::io::Write;
@@ -336,9 +337,9 @@ pub fn parse_header_full(
             )));
         }
         // The length must be what the dtype and shape say (no overflow, no short tensors).
-        let size = StDtype::parse(&e.dtype)
+        let size = Dtype::parse(&e.dtype)
             .ok_or_else(|| bad(format!("tensor `{}` has unknown dtype {}", e.name, e.dtype)))?
-            .size() as usize;
+            .bytes() as usize;
         let want = e
             .shape
             .iter()

@@ -1,4 +1,5 @@
 use super::*;
+use crate::checkpoint::DtypeExt;
 
 /// 20,000 mutated spine files (random bytes in the header, edited JSON values: 1-D int8
 /// entries, empty shapes, huge dimensions, lengths and offsets): reading them and asking for
@@ -15,9 +16,9 @@ fn mutated_headers_never_panic() {
         .flat_map(|i| half::bf16::from_f32(i as f32).to_le_bytes())
         .collect();
     let tensors = vec![
-        ("m".to_string(), StDtype::I8, vec![3, 4], q),
-        ("m.row_scale".to_string(), StDtype::F16, vec![3], sc),
-        ("n".to_string(), StDtype::BF16, vec![8], bf),
+        ("m".to_string(), Dtype::I8, vec![3, 4], q),
+        ("m.row_scale".to_string(), Dtype::F16, vec![3], sc),
+        ("n".to_string(), Dtype::BF16, vec![8], bf),
     ];
     write_file(&p, &tensors, "fp").unwrap();
     let good = std::fs::read(&p).unwrap();
@@ -52,7 +53,7 @@ fn mutated_headers_never_panic() {
         // What is accepted is consistent: every tensor's length is its dtype times its shape.
         if let Ok(es) = parse_header(&b, b.len(), &p) {
             for e in es {
-                let size = StDtype::parse(&e.dtype).unwrap().size() as usize;
+                let size = Dtype::parse(&e.dtype).unwrap().bytes() as usize;
                 let numel: usize = e.shape.iter().product();
                 assert_eq!(e.len, numel * size, "{e:?}");
             }
@@ -75,10 +76,10 @@ fn file_round_trip() {
         .flat_map(|i| half::bf16::from_f32(i as f32).to_le_bytes())
         .collect();
     let tensors = vec![
-        ("a.weight".to_string(), StDtype::BF16, vec![2, 3], w),
+        ("a.weight".to_string(), Dtype::BF16, vec![2, 3], w),
         (
             "b".to_string(),
-            StDtype::F32,
+            Dtype::F32,
             vec![1],
             2.5f32.to_le_bytes().to_vec(),
         ),

@@ -17,7 +17,7 @@ pub use device::{DeviceCopy, DeviceRef, DeviceSide};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use crate::checkpoint::{Inventory, ShardFiles, StDtype, TensorInfo};
+use crate::checkpoint::{Dtype, Inventory, ShardFiles, TensorInfo};
 use crate::{Error, Result};
 
 /// Reads spine tensors straight from the checkpoint shards (BF16/F16/F32 widened exactly).
@@ -51,7 +51,7 @@ impl ShardSpine {
     }
 
     /// Raw bytes of a tensor.
-    pub fn bytes(&self, name: &str) -> Result<(Vec<u8>, StDtype, Vec<usize>)> {
+    pub fn bytes(&self, name: &str) -> Result<(Vec<u8>, Dtype, Vec<usize>)> {
         let t = self.info(name)?;
         let mut buf = vec![0u8; t.len() as usize];
         self.read_into(t, &mut buf)?;
@@ -60,24 +60,24 @@ impl ShardSpine {
 }
 
 /// Widens little-endian BF16/F16/F32 bytes to f32 exactly.
-pub fn to_f32(bytes: &[u8], dtype: StDtype, name: &str) -> Result<Vec<f32>> {
+pub fn to_f32(bytes: &[u8], dtype: Dtype, name: &str) -> Result<Vec<f32>> {
     Ok(match dtype {
-        StDtype::BF16 => bytes
+        Dtype::BF16 => bytes
             .chunks_exact(2)
             .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
             .collect(),
-        StDtype::F16 => bytes
+        Dtype::F16 => bytes
             .chunks_exact(2)
             .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
             .collect(),
-        StDtype::F32 => bytes
+        Dtype::F32 => bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
         other => {
             return Err(Error::Tensor {
                 name: name.into(),
-                msg: format!("dtype {} is not a float type", other.as_str()),
+                msg: format!("dtype {} is not a float type", other),
             })
         }
     })

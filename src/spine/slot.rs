@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::dense::{DenseData, DenseMatrix};
 use super::layer::{dtype_of, parse_header, Entry, LayerData};
-use crate::checkpoint::StDtype;
+use crate::checkpoint::Dtype;
 use crate::{Error, Result};
 
 /// A spine matrix bound once, at load, to its place in a layer's layout.
@@ -37,8 +37,8 @@ pub fn bind(layout: &[Entry], name: &str, rows: usize, cols: usize) -> Result<Sl
         )));
     }
     let scale = match dtype_of(e)? {
-        StDtype::BF16 | StDtype::F32 => None,
-        StDtype::I8 => {
+        Dtype::BF16 | Dtype::F32 => None,
+        Dtype::I8 => {
             let si = find(&format!("{name}.row_scale"))
                 .ok_or_else(|| bad("row-int8 matrix without its row scales".into()))?;
             if layout[si].shape != [rows] {
@@ -49,12 +49,7 @@ pub fn bind(layout: &[Entry], name: &str, rows: usize, cols: usize) -> Result<Sl
             }
             Some(si)
         }
-        other => {
-            return Err(bad(format!(
-                "dtype {} cannot be a spine matrix",
-                other.as_str()
-            )))
-        }
+        other => return Err(bad(format!("dtype {} cannot be a spine matrix", other))),
     };
     Ok(Slot {
         name: name.to_string(),
@@ -107,9 +102,9 @@ impl LayerData {
         let b = self.data(e)?;
         let mut scale_offset = 0;
         let data = match dtype_of(e)? {
-            StDtype::BF16 => DenseData::Bf16(b),
-            StDtype::F32 => DenseData::F32(b),
-            StDtype::I8 => {
+            Dtype::BF16 => DenseData::Bf16(b),
+            Dtype::F32 => DenseData::F32(b),
+            Dtype::I8 => {
                 let sc =
                     s.scale
                         .and_then(|i| self.entries.get(i))
@@ -126,7 +121,7 @@ impl LayerData {
             other => {
                 return Err(Error::Tensor {
                     name: s.name.clone(),
-                    msg: format!("dtype {} cannot be a spine matrix", other.as_str()),
+                    msg: format!("dtype {} cannot be a spine matrix", other),
                 })
             }
         };
@@ -143,13 +138,14 @@ impl LayerData {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::DtypeExt;
 
-    fn layer(tensors: Vec<(&str, StDtype, Vec<usize>)>) -> LayerData {
+    fn layer(tensors: Vec<(&str, Dtype, Vec<usize>)>) -> LayerData {
         LayerData::pack(
             tensors
                 .into_iter()
                 .map(|(n, d, s)| {
-                    let len = s.iter().product::<usize>() * d.size() as usize;
+                    let len = s.iter().product::<usize>() * d.bytes() as usize;
                     (n.to_string(), d, s, vec![1u8; len])
                 })
                 .collect(),
@@ -159,10 +155,10 @@ mod tests {
     #[test]
     fn slots_are_checked_at_bind_and_guarded_at_use() {
         let a = layer(vec![
-            ("w", StDtype::BF16, vec![2, 4]),
-            ("q", StDtype::I8, vec![3, 4]),
-            ("q.row_scale", StDtype::F16, vec![3]),
-            ("n", StDtype::F32, vec![4]),
+            ("w", Dtype::BF16, vec![2, 4]),
+            ("q", Dtype::I8, vec![3, 4]),
+            ("q.row_scale", Dtype::F16, vec![3]),
+            ("n", Dtype::F32, vec![4]),
         ]);
         let w = bind(a.layout(), "w", 2, 4).unwrap();
         assert_eq!(a.matrix_at(&w).unwrap().rows, 2);
@@ -171,15 +167,15 @@ mod tests {
         // Wrong shape, missing tensor, a dtype that is not a matrix: errors at bind (load).
         assert!(bind(a.layout(), "w", 4, 2).is_err());
         assert!(bind(a.layout(), "missing", 2, 4).is_err());
-        let b = layer(vec![("q", StDtype::I8, vec![3, 4])]);
+        let b = layer(vec![("q", Dtype::I8, vec![3, 4])]);
         assert!(
             bind(b.layout(), "q", 3, 4).is_err(),
             "int8 without row scales"
         );
         // A buffer whose layout is not the one the slot was bound to is refused, not misread.
         let other = layer(vec![
-            ("v", StDtype::BF16, vec![2, 4]),
-            ("w", StDtype::BF16, vec![2, 4]),
+            ("v", Dtype::BF16, vec![2, 4]),
+            ("w", Dtype::BF16, vec![2, 4]),
         ]);
         assert!(other.matrix_at(&w).is_err());
     }

@@ -14,7 +14,8 @@ use super::backing::{choose_pinned, pack_from_shards, small_from_file, Backing, 
 use super::convert::{global_names, is_small, layer_names, SpineFormat};
 use super::layer::{parse_header, read_file, Entry, LayerData};
 use super::to_f32;
-use crate::checkpoint::{Inventory, StDtype};
+use crate::checkpoint::DtypeExt;
+use crate::checkpoint::{Dtype, Inventory};
 use crate::fsio::BufPool;
 use crate::{Error, Result};
 
@@ -96,7 +97,8 @@ pub struct Spine {
     pinned: Vec<Option<Arc<LayerData>>>,
     layer_bytes: Vec<u64>,
     global: LayerData,
-    embed: (Option<std::fs::File>, Entry),
+    /// The embedding: its file mapped read-only (`embed.bin` or the shard), and where it lies.
+    embed: (memmap2::Mmap, Entry),
     in_flight: usize,
     stream_cap: usize,
 }
@@ -166,7 +168,7 @@ impl Spine {
                     .into_iter()
                     .next()
                     .ok_or_else(|| Error::Msg(format!("{}: no embedding tensor", ep.display())))?;
-                (g, (Some(f), e))
+                (g, (map_file(&f, &ep)?, e))
             }
             Backing::Shards(s) => {
                 let g = pack_from_shards(
@@ -182,21 +184,29 @@ impl Spine {
                     name: name.clone(),
                     msg: "missing".into(),
                 })?;
-                let f = std::fs::File::open(inv.shard_path(t.shard))
-                    .map_err(|e| Error::io(inv.shard_path(t.shard), e))?;
+                let sp = inv.shard_path(t.shard);
+                let f = std::fs::File::open(&sp).map_err(|e| Error::io(&sp, e))?;
+                let map = map_file(&f, &sp)?;
                 let e = Entry {
                     name,
-                    dtype: t.dtype.as_str().into(),
+                    dtype: t.dtype.to_string(),
                     shape: t.shape.clone(),
                     offset: t.start as usize,
                     len: t.len() as usize,
                     checksum: 0,
                 };
-                (g, (Some(f), e))
+                (g, (map, e))
             }
         };
         let e = &embed.1;
-        if e.shape.len() != 2 || e.shape.contains(&0) {
+        let row_bytes = Dtype::parse(&e.dtype)
+            .map(|d| e.shape.get(1).copied().unwrap_or(0) * d.bytes() as usize)
+            .unwrap_or(0);
+        if e.shape.len() != 2
+            || e.shape.contains(&0)
+            || e.len != e.shape[0] * row_bytes
+            || e.offset + e.len > embed.0.len()
+        {
             return Err(Error::Tensor {
                 name: e.name.clone(),
                 msg: format!("the embedding must be [vocab, hidden], found {:?}", e.shape),
@@ -277,27 +287,24 @@ impl Spine {
         &self.global
     }
 
-    /// Embedding rows `ids` as f32 `[ids.len(), H]`.
+    /// Embedding rows `ids` as f32 `[ids.len(), H]`, copied from the mapped file (the page
+    /// cache holds the rows a run touches and shares them with other processes on the root).
     pub fn embed_rows(&self, ids: &[u32]) -> Result<Tensor> {
-        let (f, e) = &self.embed;
+        let (map, e) = &self.embed;
         let (rows, cols) = (e.shape[0], e.shape.get(1).copied().unwrap_or(0));
         let dtype =
-            StDtype::parse(&e.dtype).ok_or_else(|| Error::Msg("bad embedding dtype".into()))?;
-        let rb = cols * dtype.size() as usize;
+            Dtype::parse(&e.dtype).ok_or_else(|| Error::Msg("bad embedding dtype".into()))?;
+        let rb = cols * dtype.bytes() as usize;
         let mut out = Vec::with_capacity(ids.len() * cols);
-        let mut buf = vec![0u8; rb];
         for &id in ids {
             if id as usize >= rows {
                 return Err(Error::Msg(format!(
                     "token id {id} is outside the embedding (0..{rows})"
                 )));
             }
-            let file = f
-                .as_ref()
-                .ok_or_else(|| Error::Msg("embedding file not open".into()))?;
-            file.read_exact_at(&mut buf, (e.offset + id as usize * rb) as u64)
-                .map_err(|err| Error::Msg(format!("reading embedding row {id}: {err}")))?;
-            out.extend(to_f32(&buf, dtype, &e.name)?);
+            // In bounds: `open` checked that the whole tensor lies inside the mapping.
+            let at = e.offset + id as usize * rb;
+            out.extend(to_f32(&map[at..at + rb], dtype, &e.name)?);
         }
         Ok(Tensor::from_vec(out, (ids.len(), cols), &self.device)?)
     }
@@ -429,4 +436,12 @@ impl Drop for Pass<'_> {
             let _ = t.join();
         }
     }
+}
+
+/// Maps `f` (at `path`) read-only. Sound as long as nobody writes the file in place: every file
+/// this crate publishes (spine store, downloaded shards) is written under a temporary name and
+/// renamed, so a mapping keeps the old inode's bytes.
+fn map_file(f: &std::fs::File, path: &Path) -> Result<memmap2::Mmap> {
+    // SAFETY: see above; the mapping is read-only and outlives no borrow of `f`.
+    unsafe { memmap2::Mmap::map(f) }.map_err(|e| Error::io(path, e))
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use deltafin::checkpoint::{ExpertIndex, Inventory, StDtype};
+use deltafin::checkpoint::{Dtype, ExpertIndex, Inventory};
 use deltafin::config::{AttnKind, FfnKind, K3Config};
 use deltafin::spine::{to_f32, ShardSpine};
 
@@ -82,7 +82,7 @@ impl Reference {
         let spine = ShardSpine::new(inv.clone());
         let mut w = HashMap::new();
         for (name, t) in inv.iter() {
-            if t.dtype != StDtype::U8 && !name.contains("embed_tokens") {
+            if t.dtype != Dtype::U8 && !name.contains("embed_tokens") {
                 let (b, d, _) = spine.bytes(name).unwrap();
                 w.insert(
                     name.clone(),

@@ -1,5 +1,6 @@
 //! The `deltafin` command line (clap), a thin layer over the library.
 
+mod bench_args;
 pub mod doctor;
 pub mod events;
 pub mod install;
@@ -12,7 +13,6 @@ use clap::{Parser, Subcommand};
 
 use deltafin::checkpoint::fixture::{write_k3_full, write_nano, write_slice, NanoOptions};
 use deltafin::checkpoint::{ExpertIndex, Inventory};
-use deltafin::mxfp4::Kernel;
 use deltafin::K3Config;
 
 /// Kimi K3 on one machine: streamed MXFP4 experts on Candle.
@@ -76,11 +76,21 @@ pub enum Command {
         #[arg(long)]
         model_root: PathBuf,
     },
+    /// Write the model's tokenizer as a Hugging Face `tokenizer.json` (byte-level BPE, K3's
+    /// split pattern, the specials as added tokens), readable by `tokenizers` anywhere.
+    ExportTokenizer {
+        /// Model directory (with `tiktoken.model` and `tokenizer_config.json`).
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Output file (default: `tokenizer.json` in the model directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Benchmarks.
     Bench {
         /// Which benchmark.
         #[command(subcommand)]
-        kind: BenchKind,
+        kind: bench_args::BenchKind,
     },
 }
 
@@ -125,99 +135,6 @@ pub enum FixtureKind {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-}
-
-/// Benchmarks.
-#[derive(Debug, Subcommand)]
-pub enum BenchKind {
-    /// Cold spine layer loads (BF16 and int8) vs raw reads, and the share hidden by read-ahead.
-    Spine {
-        /// Model directory (the K3-slice fixture; the spine stores are converted if missing).
-        #[arg(long)]
-        model_root: PathBuf,
-        /// Timed runs per figure.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-    },
-    /// Cold expert reads through the tiered store vs raw O_DIRECT sequential reads (K3-slice).
-    Experts {
-        /// Model directory (the K3-slice fixture).
-        #[arg(long)]
-        model_root: PathBuf,
-        /// Experts read per layer.
-        #[arg(long, default_value_t = 16)]
-        per_layer: usize,
-        /// Reader thread counts, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-        readers: Vec<usize>,
-        /// Timed runs per figure.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-    },
-    /// Prefill and decode speed of the whole model (each KDA form).
-    Forward {
-        /// Model directory.
-        #[arg(long)]
-        model_root: PathBuf,
-        /// Prompt length.
-        #[arg(long, default_value_t = 64)]
-        prompt_len: usize,
-        /// Decode steps per run.
-        #[arg(long, default_value_t = 32)]
-        decode: usize,
-        /// Timed runs (after one warm-up run).
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-        /// Compute device: auto, cpu or metal.
-        #[arg(long, value_enum, default_value = "auto")]
-        device: deltafin::compute::device::DeviceChoice,
-        /// Instead: time one MLA layer's decode step with this many positions cached (and what
-        /// the step allocates), for each value, comma-separated.
-        #[arg(long, value_delimiter = ',')]
-        context: Vec<usize>,
-        /// Instead: per decode token, compute (attention, MoE), spine and expert wait, bytes
-        /// read, and the floor of the same work at the bandwidths measured in the same run.
-        #[arg(long)]
-        breakdown: bool,
-    },
-    /// Spine GEMV (row-int8 and BF16, one input row) on K3-size matrices vs the measured memory
-    /// read bandwidth.
-    Dense {
-        /// GB of matrices per format.
-        #[arg(long, default_value_t = 1.0)]
-        gb: f64,
-        /// Timed runs per figure.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-        /// Thread counts to measure, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,2")]
-        threads: Vec<usize>,
-    },
-    /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
-    Mxfp4 {
-        /// K3-size experts in the working set (17.55 MB each).
-        #[arg(long, default_value_t = 64)]
-        experts: usize,
-        /// Timed runs per figure.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-        /// Kernel: scalar, avx2, avx512, neon (default: best available).
-        #[arg(long)]
-        kernel: Option<String>,
-        /// Thread counts to measure, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,2")]
-        threads: Vec<usize>,
-    },
-}
-
-fn parse_kernel(s: &str) -> anyhow::Result<Kernel> {
-    Ok(match s {
-        "scalar" => Kernel::Scalar,
-        "avx2" => Kernel::Avx2,
-        "avx512" => Kernel::Avx512,
-        "neon" => Kernel::Neon,
-        _ => anyhow::bail!("unknown kernel `{s}` (scalar, avx2, avx512, neon)"),
-    })
 }
 
 /// Runs a parsed command line.
@@ -301,98 +218,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ConvertSpine { model_root } => {
             convert(&model_root, deltafin::spine::convert::SpineFormat::Bf16)?
         }
-        Command::Bench { kind } => match kind {
-            BenchKind::Spine { model_root, runs } => {
-                crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
-            }
-            BenchKind::Experts {
-                model_root,
-                per_layer,
-                readers,
-                runs,
-            } => {
-                let opts = crate::bench::experts::ExpertsBenchOptions {
-                    per_layer,
-                    readers,
-                    runs,
-                };
-                crate::bench::experts::experts_bench(&model_root, &opts, |l| println!("{l}"))?;
-            }
-            BenchKind::Forward {
-                model_root,
-                prompt_len,
-                decode,
-                runs,
-                device,
-                context,
-                breakdown,
-            } => {
-                let device = deltafin::compute::device::select(device)?;
-                println!("device={}", deltafin::compute::device::describe(&device));
-                let mut model =
-                    deltafin::K3Model::open_with(&model_root, &device, &Default::default(), |p| {
-                        eprintln!("{p}")
-                    })?;
-                if !context.is_empty() {
-                    let most = context.iter().max().copied().unwrap_or(0);
-                    model.set_context_limit(most + runs + 2);
-                    return crate::bench::forward::context_bench(&model, &context, runs, |l| {
-                        println!("{l}")
-                    })
-                    .map_err(Into::into);
-                }
-                if breakdown {
-                    return crate::bench::forward::breakdown_bench(
-                        &mut model,
-                        &model_root,
-                        prompt_len.max(1),
-                        decode,
-                        runs,
-                        |l| println!("{l}"),
-                    )
-                    .map_err(Into::into);
-                }
-                let opts = crate::bench::ForwardBenchOptions {
-                    prompt_len: prompt_len.max(1),
-                    decode,
-                    runs,
-                };
-                crate::bench::forward_bench(&mut model, &opts, |l| println!("{l}"))?;
-            }
-            BenchKind::Dense { gb, runs, threads } => {
-                let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
-                if threads.is_empty() || !(gb > 0.0 && gb.is_finite()) {
-                    anyhow::bail!("--threads needs a positive count and --gb a positive size");
-                }
-                let opts = crate::bench::dense::DenseBenchOptions {
-                    working_set: (gb * 1e9) as usize,
-                    runs: runs.max(1),
-                    threads,
-                };
-                crate::bench::dense::dense_bench(&opts, |line| println!("{line}"))?;
-            }
-            BenchKind::Mxfp4 {
-                experts,
-                runs,
-                kernel,
-                threads,
-            } => {
-                let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
-                if threads.is_empty() {
-                    anyhow::bail!("--threads needs at least one positive count");
-                }
-                let mut opts = crate::bench::Mxfp4BenchOptions {
-                    experts,
-                    runs: runs.max(1),
-                    threads,
-                    ..Default::default()
-                };
-                if let Some(k) = kernel {
-                    opts.kernel = parse_kernel(&k)?;
-                }
-                crate::bench::mxfp4_bench(&opts, |line| println!("{line}"))?;
-            }
-        },
+        Command::ExportTokenizer { model_root, out } => {
+            let tok = deltafin::tokenizer::Tokenizer::from_dir(&model_root)?;
+            let json = tok
+                .to_hf()?
+                .to_string(true)
+                .map_err(|e| anyhow::anyhow!("serialising the tokenizer: {e}"))?;
+            let out = out.unwrap_or_else(|| model_root.join("tokenizer.json"));
+            deltafin::fsio::atomic::write_atomic(&out, json.as_bytes())?;
+            eprintln!("wrote {} ({} bytes)", out.display(), json.len());
+        }
+        Command::Bench { kind } => bench_args::run(kind)?,
     }
     Ok(())
 }

@@ -1,0 +1,197 @@
+//! `deltafin bench ...`: the benchmark subcommands and their dispatch to `crate::bench`.
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+use deltafin::mxfp4::Kernel;
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchKind {
+    /// Cold spine layer loads (BF16 and int8) vs raw reads, and the share hidden by read-ahead.
+    Spine {
+        /// Model directory (the K3-slice fixture; the spine stores are converted if missing).
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
+    /// Cold expert reads through the tiered store vs raw O_DIRECT sequential reads (K3-slice).
+    Experts {
+        /// Model directory (the K3-slice fixture).
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Experts read per layer.
+        #[arg(long, default_value_t = 16)]
+        per_layer: usize,
+        /// Reader thread counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        readers: Vec<usize>,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
+    /// Prefill and decode speed of the whole model (each KDA form).
+    Forward {
+        /// Model directory.
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Prompt length.
+        #[arg(long, default_value_t = 64)]
+        prompt_len: usize,
+        /// Decode steps per run.
+        #[arg(long, default_value_t = 32)]
+        decode: usize,
+        /// Timed runs (after one warm-up run).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Compute device: auto, cpu or metal.
+        #[arg(long, value_enum, default_value = "auto")]
+        device: deltafin::compute::device::DeviceChoice,
+        /// Instead: time one MLA layer's decode step with this many positions cached (and what
+        /// the step allocates), for each value, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        context: Vec<usize>,
+        /// Instead: per decode token, compute (attention, MoE), spine and expert wait, bytes
+        /// read, and the floor of the same work at the bandwidths measured in the same run.
+        #[arg(long)]
+        breakdown: bool,
+    },
+    /// Spine GEMV (row-int8 and BF16, one input row) on K3-size matrices vs the measured memory
+    /// read bandwidth.
+    Dense {
+        /// GB of matrices per format.
+        #[arg(long, default_value_t = 1.0)]
+        gb: f64,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Thread counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+    },
+    /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
+    Mxfp4 {
+        /// K3-size experts in the working set (17.55 MB each).
+        #[arg(long, default_value_t = 64)]
+        experts: usize,
+        /// Timed runs per figure.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Kernel: scalar, avx2, avx512, neon (default: best available).
+        #[arg(long)]
+        kernel: Option<String>,
+        /// Thread counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+    },
+}
+
+fn parse_kernel(s: &str) -> anyhow::Result<Kernel> {
+    Ok(match s {
+        "scalar" => Kernel::Scalar,
+        "avx2" => Kernel::Avx2,
+        "avx512" => Kernel::Avx512,
+        "neon" => Kernel::Neon,
+        _ => anyhow::bail!("unknown kernel `{s}` (scalar, avx2, avx512, neon)"),
+    })
+}
+
+/// Runs one benchmark, printing its JSON lines on stdout.
+pub fn run(kind: BenchKind) -> anyhow::Result<()> {
+    match kind {
+        BenchKind::Spine { model_root, runs } => {
+            crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
+        }
+        BenchKind::Experts {
+            model_root,
+            per_layer,
+            readers,
+            runs,
+        } => {
+            let opts = crate::bench::experts::ExpertsBenchOptions {
+                per_layer,
+                readers,
+                runs,
+            };
+            crate::bench::experts::experts_bench(&model_root, &opts, |l| println!("{l}"))?;
+        }
+        BenchKind::Forward {
+            model_root,
+            prompt_len,
+            decode,
+            runs,
+            device,
+            context,
+            breakdown,
+        } => {
+            let device = deltafin::compute::device::select(device)?;
+            println!("device={}", deltafin::compute::device::describe(&device));
+            let mut model =
+                deltafin::K3Model::open_with(&model_root, &device, &Default::default(), |p| {
+                    eprintln!("{p}")
+                })?;
+            if !context.is_empty() {
+                let most = context.iter().max().copied().unwrap_or(0);
+                model.set_context_limit(most + runs + 2);
+                return crate::bench::forward::context_bench(&model, &context, runs, |l| {
+                    println!("{l}")
+                })
+                .map_err(Into::into);
+            }
+            if breakdown {
+                return crate::bench::forward::breakdown_bench(
+                    &mut model,
+                    &model_root,
+                    prompt_len.max(1),
+                    decode,
+                    runs,
+                    |l| println!("{l}"),
+                )
+                .map_err(Into::into);
+            }
+            let opts = crate::bench::ForwardBenchOptions {
+                prompt_len: prompt_len.max(1),
+                decode,
+                runs,
+            };
+            crate::bench::forward_bench(&mut model, &opts, |l| println!("{l}"))?;
+        }
+        BenchKind::Dense { gb, runs, threads } => {
+            let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
+            if threads.is_empty() || !(gb > 0.0 && gb.is_finite()) {
+                anyhow::bail!("--threads needs a positive count and --gb a positive size");
+            }
+            let opts = crate::bench::dense::DenseBenchOptions {
+                working_set: (gb * 1e9) as usize,
+                runs: runs.max(1),
+                threads,
+            };
+            crate::bench::dense::dense_bench(&opts, |line| println!("{line}"))?;
+        }
+        BenchKind::Mxfp4 {
+            experts,
+            runs,
+            kernel,
+            threads,
+        } => {
+            let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
+            if threads.is_empty() {
+                anyhow::bail!("--threads needs at least one positive count");
+            }
+            let mut opts = crate::bench::Mxfp4BenchOptions {
+                experts,
+                runs: runs.max(1),
+                threads,
+                ..Default::default()
+            };
+            if let Some(k) = kernel {
+                opts.kernel = parse_kernel(&k)?;
+            }
+            crate::bench::mxfp4_bench(&opts, |line| println!("{line}"))?;
+        }
+    }
+    Ok(())
+}
