@@ -57,9 +57,8 @@ impl K3Model {
             let layout = spine.layout(l)?;
             let w = LayerWeights {
                 cfg: &cfg,
-                small: &small,
+                small: super::weights::var_builder(&small, &device)?,
                 layout: &layout,
-                device: &device,
                 layer: l,
             };
             layers.push(Layer::load(&w, kind)?);

@@ -1,32 +1,46 @@
-//! One layer's weights at load: small tensors (norms, conv weights, gate parameters) read once,
-//! and each matrix bound to its place in the layer's layout (`Slot`), so a forward pass takes it
-//! from the layer's spine data by position.
+//! One layer's weights at load: small tensors (norms, conv weights, gate parameters) read once
+//! into a `candle_nn::VarBuilder` (each `get` checks the shape the config asks for), and each
+//! matrix bound to its place in the layer's layout (`Slot`), so a forward pass takes it from the
+//! layer's spine data by position.
 
-use candle::{Device, Tensor};
+use std::collections::HashMap;
+
+use candle::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
 
 use crate::config::K3Config;
 use crate::spine::layer::{Entry, LayerData};
 use crate::spine::slot::{bind, Slot};
-use crate::Result;
+use crate::{Error, Result};
+
+/// The tensors of `data` as f32 on `device`, in a `VarBuilder` (names as in `data`).
+pub fn var_builder(data: &LayerData, device: &Device) -> Result<VarBuilder<'static>> {
+    let mut map = HashMap::new();
+    for e in data.layout() {
+        map.insert(e.name.clone(), data.tensor(&e.name, &e.shape, device)?);
+    }
+    Ok(VarBuilder::from_tensors(map, DType::F32, device))
+}
 
 /// The small tensors of layer `layer`.
 pub struct LayerWeights<'a> {
     /// The model config.
     pub cfg: &'a K3Config,
     /// The layer's small tensors (names relative to the layer).
-    pub small: &'a LayerData,
+    pub small: VarBuilder<'a>,
     /// The whole layer's layout, as each pass hands it over (what matrices are bound to).
     pub layout: &'a [Entry],
-    /// Where tensors go.
-    pub device: &'a Device,
     /// Layer index.
     pub layer: usize,
 }
 
 impl LayerWeights<'_> {
-    /// A small tensor as f32 on the device.
+    /// A small tensor as f32 on the device, with the shape the config asks for.
     pub fn get(&self, suffix: &str, shape: &[usize]) -> Result<Tensor> {
-        self.small.tensor(suffix, shape, self.device)
+        self.small.get(shape, suffix).map_err(|e| Error::Tensor {
+            name: format!("layer {} {suffix}", self.layer),
+            msg: e.to_string(),
+        })
     }
 
     /// Binds a `[rows, cols]` matrix of the layer, checking it is there with that shape.
@@ -36,6 +50,6 @@ impl LayerWeights<'_> {
 
     /// A small tensor as host f32 values.
     pub fn values(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        self.small.values(suffix, shape)
+        Ok(self.get(suffix, shape)?.flatten_all()?.to_vec1()?)
     }
 }

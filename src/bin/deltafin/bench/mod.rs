@@ -1,7 +1,7 @@
 //! Benchmarks that report each figure against a bound measured in the same run.
 
 pub mod dense;
-pub mod embed;
+pub mod mapped;
 pub mod experts;
 pub mod forward;
 pub mod spine;

@@ -27,7 +27,9 @@ pub fn spine_bench(dir: &Path, runs: usize, mut emit: impl FnMut(serde_json::Val
     let n = cfg.num_layers();
     // The embedding rows, read per row vs copied from a mapping (the BF16 store's embed.bin).
     convert_spine(&inv, n, dir, SpineFormat::Bf16, |_, _| {})?;
-    super::embed::embed_bench(&store_dir(dir, SpineFormat::Bf16), runs, &mut emit)?;
+    super::mapped::embed_bench(&store_dir(dir, SpineFormat::Bf16), runs, &mut emit)?;
+    // Pinned layers: read into buffers (the spine) vs mapped from the store.
+    super::mapped::pinned_bench(&store_dir(dir, SpineFormat::Bf16), n, runs, &mut emit)?;
     for format in [SpineFormat::Bf16, SpineFormat::Int8] {
         let t0 = Instant::now();
         convert_spine(&inv, n, dir, format, |_, _| {})?;

@@ -143,3 +143,90 @@ fn time_rows(
     );
     Ok(())
 }
+
+/// Sums `bytes` as u64 words: a pass that reads every byte, as a layer's GEMVs do.
+fn touch(bytes: &[u8]) -> u64 {
+    bytes
+        .chunks_exact(8)
+        .fold(0u64, |a, w| a.wrapping_add(u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])))
+}
+
+/// Pinned layers: `n` store files `layer-NNN.bin` in `store` read into pooled buffers (what the
+/// spine does) against mapped (`WillNeed`), each followed by one pass over every byte; cold and
+/// warm (a second process on the same root finds the page cache warm), with the resident memory
+/// each leaves.
+pub fn pinned_bench(
+    store: &Path,
+    n: usize,
+    runs: usize,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    let paths: Vec<_> = (0..n).map(|l| store.join(format!("layer-{l:03}.bin"))).collect();
+    let pool = deltafin::fsio::BufPool::new(0);
+    let by_read = || -> Result<(u64, Vec<deltafin::spine::layer::LayerData>)> {
+        let mut held = Vec::new();
+        let mut sum = 0u64;
+        for p in &paths {
+            let d = deltafin::spine::layer::read_file(p, &pool)?;
+            sum = sum.wrapping_add(touch(d.raw()));
+            held.push(d);
+        }
+        Ok((sum, held))
+    };
+    let by_map = || -> Result<(u64, Vec<memmap2::Mmap>)> {
+        let mut held = Vec::new();
+        let mut sum = 0u64;
+        for p in &paths {
+            let f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
+            // SAFETY: a read-only mapping of a file this benchmark does not write.
+            let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(p, e))?;
+            m.advise(memmap2::Advice::WillNeed).map_err(|e| Error::io(p, e))?;
+            sum = sum.wrapping_add(touch(&m));
+            held.push(m);
+        }
+        Ok((sum, held))
+    };
+    let drop_all = || -> Result<()> {
+        for p in &paths {
+            drop_from_page_cache_all(p)?;
+        }
+        Ok(())
+    };
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    let (mut cr, mut cm, mut wr, mut wm, mut rss_r, mut rss_m) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs.max(1) {
+        drop_all()?;
+        let r0 = deltafin::memory::rss().0;
+        let t = Instant::now();
+        let (a, held) = by_read()?;
+        cr.push(ms(t));
+        rss_r.push(deltafin::memory::rss().0.saturating_sub(r0) as f64);
+        drop(held);
+        let t = Instant::now();
+        std::hint::black_box(by_read()?);
+        wr.push(ms(t));
+        drop_all()?;
+        let r0 = deltafin::memory::rss().0;
+        let t = Instant::now();
+        let (b, held) = by_map()?;
+        cm.push(ms(t));
+        rss_m.push(deltafin::memory::rss().0.saturating_sub(r0) as f64);
+        drop(held);
+        let t = Instant::now();
+        std::hint::black_box(by_map()?);
+        wm.push(ms(t));
+        if a != b {
+            return Err(Error::Msg("pinned bench: mapped bytes differ from read bytes".into()));
+        }
+    }
+    let bytes: u64 = paths.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+    let st = |v: Vec<f64>| {
+        let s = Stats::of(v);
+        serde_json::json!({"median": s.median, "min": s.min, "max": s.max})
+    };
+    emit(serde_json::json!({"figure": "pinned_layers_ms", "layers": n, "bytes": bytes,
+        "cold_read": st(cr), "cold_mmap": st(cm), "warm_read": st(wr), "warm_mmap": st(wm),
+        "rss_growth_read_bytes": st(rss_r), "rss_growth_mmap_bytes": st(rss_m)}));
+    Ok(())
+}
