@@ -130,6 +130,9 @@ impl BufPool {
 enum Inner {
     Owned(Vec<u8>),
     Pooled(Option<AlignedBuf>, Weak<BufPool>),
+    /// A private (copy-on-write) mapping of a whole file: reads share the page cache, and a
+    /// write would touch only this process's copy, never the file.
+    Mapped(memmap2::MmapMut),
 }
 
 /// The bytes of one expert: owned, or a pooled aligned buffer that returns to its pool when
@@ -140,6 +143,18 @@ impl PooledBuf {
     /// Wraps owned bytes.
     pub fn owned(v: Vec<u8>) -> Self {
         PooledBuf(Inner::Owned(v))
+    }
+
+    /// The whole file `f` (at `path`), mapped privately and asked for at once (`WillNeed`).
+    /// Sound while nobody writes the file in place; this crate publishes every file under a
+    /// temporary name and renames it, so a mapping keeps the old inode's bytes.
+    pub fn mapped(f: &std::fs::File, path: &std::path::Path) -> Result<Self> {
+        // SAFETY: see above; the mapping is private, so nothing we do writes the file.
+        let m =
+            unsafe { memmap2::MmapOptions::new().map_copy(f) }.map_err(|e| Error::io(path, e))?;
+        m.advise(memmap2::Advice::WillNeed)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(PooledBuf(Inner::Mapped(m)))
     }
 }
 
@@ -167,6 +182,7 @@ impl Deref for PooledBuf {
             Inner::Owned(v) => v,
             Inner::Pooled(Some(b), _) => b,
             Inner::Pooled(None, _) => &[],
+            Inner::Mapped(m) => m,
         }
     }
 }
@@ -177,6 +193,7 @@ impl DerefMut for PooledBuf {
             Inner::Owned(v) => v,
             Inner::Pooled(Some(b), _) => b,
             Inner::Pooled(None, _) => &mut [],
+            Inner::Mapped(m) => m,
         }
     }
 }
@@ -201,6 +218,12 @@ impl Drop for PooledBuf {
 mod tests {
     use super::*;
 
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("deltafin-buf-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
     #[test]
     fn buffers_are_aligned_and_recycled() {
         let pool = BufPool::new(2);
@@ -211,6 +234,15 @@ mod tests {
         assert_eq!((start, cap % ALIGN), (a.as_ptr(), 0));
         assert!(cap >= a.len());
         assert!(PooledBuf::owned(vec![1, 2]).aligned_region().is_none());
+        let dir = tempfile_dir();
+        let path = dir.join("m.bin");
+        std::fs::write(&path, b"mapped bytes").unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let mut m = PooledBuf::mapped(&f, &path).unwrap();
+        assert_eq!(&m[..], b"mapped bytes");
+        m[0] = b'M'; // a private copy: the file keeps its bytes
+        assert_eq!(std::fs::read(&path).unwrap(), b"mapped bytes");
+        std::fs::remove_dir_all(&dir).ok();
         let p = a.as_ptr();
         drop(a);
         assert_eq!(pool.idle(), 1);

@@ -38,6 +38,15 @@ impl Inner {
     }
 
     /// Layer `l` in a buffer from `pool` of at least `cap` bytes.
+    /// Layer `l` to keep for the whole run: a store file is mapped (shared with the page cache,
+    /// faster than reading it into a buffer, measured), the shards are gathered.
+    pub(super) fn load_pinned(&self, l: usize) -> Result<LayerData> {
+        match &self.backing {
+            Backing::Files(_) => super::layer::map_file(&self.layer_path(l)),
+            Backing::Shards(_) => self.load(l, &BufPool::new(0), 0),
+        }
+    }
+
     pub(super) fn load(&self, l: usize, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
         match &self.backing {
             Backing::Files(_) => read_file_sized(&self.layer_path(l), pool, cap),

@@ -360,6 +360,23 @@ pub fn read_file(path: &Path, pool: &Arc<BufPool>) -> Result<LayerData> {
     read_file_sized(path, pool, 0)
 }
 
+/// A whole store file mapped privately instead of read (pinned layers: `bench spine` loaded and
+/// read 4 K3-slice layers, 5.7 GB, in 3.5 s mapped against 12.0 s read into buffers cold, and
+/// 0.5 s against 6.7 s warm, for the same resident memory; README "Dependencies").
+pub fn map_file(path: &Path) -> Result<LayerData> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
+    let buf = PooledBuf::mapped(&f, path)?;
+    let (entries, source) = parse_header_full(&buf, len, path)?;
+    Ok(LayerData {
+        buf,
+        index: index_of(&entries),
+        entries,
+        source,
+        device: None,
+    })
+}
+
 /// `read_file` into a buffer of at least `cap` bytes when a new one must be allocated.
 pub fn read_file_sized(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;

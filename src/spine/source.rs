@@ -141,11 +141,10 @@ impl Spine {
             .map(|l| layer_bytes[l] as usize)
             .max()
             .unwrap_or(0);
-        let exact = BufPool::new(0);
         let mut pinned = Vec::with_capacity(num_layers);
         for (l, p) in pin.iter().enumerate() {
             pinned.push(if *p {
-                let mut d = inner.load(l, &exact, 0)?;
+                let mut d = inner.load_pinned(l)?;
                 if let Some(g) = &gpu {
                     g.pin(&mut d)?;
                 }

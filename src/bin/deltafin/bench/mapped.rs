@@ -1,4 +1,6 @@
-//! `bench spine`'s embedding figure: the rows of a prompt read from `embed.bin` by a positioned
+//! `bench spine`'s mapping figures. Pinned layers (`pinned_bench`): read into pooled buffers, as
+//! the spine does, against mapped from the store, each then read once whole. The embedding
+//! (`embed_bench`): the rows of a prompt read from `embed.bin` by a positioned
 //! read per row (what the spine did before) and by copying from a read-only mapping (what it
 //! does now), cold (page cache dropped) and warm, interleaved run by run, with the resident set
 //! the mapped rows leave behind. A store whose embedding is under 1 GB (the K3-slice's is 8.5 MB
@@ -146,9 +148,11 @@ fn time_rows(
 
 /// Sums `bytes` as u64 words: a pass that reads every byte, as a layer's GEMVs do.
 fn touch(bytes: &[u8]) -> u64 {
-    bytes
-        .chunks_exact(8)
-        .fold(0u64, |a, w| a.wrapping_add(u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])))
+    bytes.chunks_exact(8).fold(0u64, |a, w| {
+        a.wrapping_add(u64::from_le_bytes([
+            w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+        ]))
+    })
 }
 
 /// Pinned layers: `n` store files `layer-NNN.bin` in `store` read into pooled buffers (what the
@@ -161,7 +165,9 @@ pub fn pinned_bench(
     runs: usize,
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
-    let paths: Vec<_> = (0..n).map(|l| store.join(format!("layer-{l:03}.bin"))).collect();
+    let paths: Vec<_> = (0..n)
+        .map(|l| store.join(format!("layer-{l:03}.bin")))
+        .collect();
     let pool = deltafin::fsio::BufPool::new(0);
     let by_read = || -> Result<(u64, Vec<deltafin::spine::layer::LayerData>)> {
         let mut held = Vec::new();
@@ -173,16 +179,14 @@ pub fn pinned_bench(
         }
         Ok((sum, held))
     };
-    let by_map = || -> Result<(u64, Vec<memmap2::Mmap>)> {
+    let by_map = || -> Result<(u64, Vec<deltafin::spine::layer::LayerData>)> {
         let mut held = Vec::new();
         let mut sum = 0u64;
         for p in &paths {
-            let f = std::fs::File::open(p).map_err(|e| Error::io(p, e))?;
-            // SAFETY: a read-only mapping of a file this benchmark does not write.
-            let m = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(p, e))?;
-            m.advise(memmap2::Advice::WillNeed).map_err(|e| Error::io(p, e))?;
-            sum = sum.wrapping_add(touch(&m));
-            held.push(m);
+            // What the spine does for a pinned layer from a store.
+            let d = deltafin::spine::layer::map_file(p)?;
+            sum = sum.wrapping_add(touch(d.raw()));
+            held.push(d);
         }
         Ok((sum, held))
     };
@@ -193,8 +197,14 @@ pub fn pinned_bench(
         Ok(())
     };
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-    let (mut cr, mut cm, mut wr, mut wm, mut rss_r, mut rss_m) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut cr, mut cm, mut wr, mut wm, mut rss_r, mut rss_m) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
     for _ in 0..runs.max(1) {
         drop_all()?;
         let r0 = deltafin::memory::rss().0;
@@ -217,16 +227,24 @@ pub fn pinned_bench(
         std::hint::black_box(by_map()?);
         wm.push(ms(t));
         if a != b {
-            return Err(Error::Msg("pinned bench: mapped bytes differ from read bytes".into()));
+            return Err(Error::Msg(
+                "pinned bench: mapped bytes differ from read bytes".into(),
+            ));
         }
     }
-    let bytes: u64 = paths.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+    let bytes: u64 = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
     let st = |v: Vec<f64>| {
         let s = Stats::of(v);
         serde_json::json!({"median": s.median, "min": s.min, "max": s.max})
     };
-    emit(serde_json::json!({"figure": "pinned_layers_ms", "layers": n, "bytes": bytes,
+    emit(
+        serde_json::json!({"figure": "pinned_layers_ms", "layers": n, "bytes": bytes,
         "cold_read": st(cr), "cold_mmap": st(cm), "warm_read": st(wr), "warm_mmap": st(wm),
-        "rss_growth_read_bytes": st(rss_r), "rss_growth_mmap_bytes": st(rss_m)}));
+        "rss_growth_read_bytes": st(rss_r), "rss_growth_mmap_bytes": st(rss_m)}),
+    );
     Ok(())
 }

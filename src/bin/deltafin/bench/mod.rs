@@ -1,9 +1,9 @@
 //! Benchmarks that report each figure against a bound measured in the same run.
 
 pub mod dense;
-pub mod mapped;
 pub mod experts;
 pub mod forward;
+pub mod mapped;
 pub mod spine;
 
 use std::time::Instant;
