@@ -366,15 +366,7 @@ pub fn read_file(path: &Path, pool: &Arc<BufPool>) -> Result<LayerData> {
 pub fn map_file(path: &Path) -> Result<LayerData> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
-    let buf = PooledBuf::mapped(&f, path)?;
-    let (entries, source) = parse_header_full(&buf, len, path)?;
-    Ok(LayerData {
-        buf,
-        index: index_of(&entries),
-        entries,
-        source,
-        device: None,
-    })
+    from_file_bytes(PooledBuf::mapped(&f, path)?, len, path)
 }
 
 /// `read_file` into a buffer of at least `cap` bytes when a new one must be allocated.
@@ -383,6 +375,11 @@ pub fn read_file_sized(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<L
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
     let mut buf = pool.take_sized(len, cap)?;
     f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
+    from_file_bytes(buf, len, path)
+}
+
+/// A layer from the whole bytes of its store file (`len` bytes at `path`).
+fn from_file_bytes(buf: PooledBuf, len: usize, path: &Path) -> Result<LayerData> {
     let (entries, source) = parse_header_full(&buf, len, path)?;
     Ok(LayerData {
         buf,
