@@ -361,8 +361,8 @@ pub fn read_file(path: &Path, pool: &Arc<BufPool>) -> Result<LayerData> {
 }
 
 /// A whole store file mapped privately instead of read (pinned layers: `bench spine` loaded and
-/// read 4 K3-slice layers, 5.7 GB, in 3.5 s mapped against 12.0 s read into buffers cold, and
-/// 0.5 s against 6.7 s warm, for the same resident memory; README "Dependencies").
+/// read 4 K3-slice layers, 5.7 GB, in 2.8 s mapped against 11.5 s read into buffers cold, and
+/// 0.4 s against 6.1 s warm, for the same resident memory; README "Dependencies").
 pub fn map_file(path: &Path) -> Result<LayerData> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
