@@ -343,3 +343,4 @@ impl StreamDecoder {
 pub mod hf;
 #[cfg(test)]
 mod tests;
+pub mod train;

@@ -119,3 +119,40 @@ fn exported_tokenizer_json_encodes_the_same() {
         assert_eq!(hf.token_to_id(s), ours.special_id(s), "{s}");
     }
 }
+
+/// `deltafin train-tokenizer` writes K3-format tokenizer files (ranks, then K3's specials) that
+/// load as a model's tokenizer and encode the training text reversibly in far fewer tokens.
+#[test]
+fn train_tokenizer_writes_k3_format_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/data/heldout/persuasion.txt");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["train-tokenizer", "--text", text, "--vocab", "600", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tok = ours_of(dir.path());
+    assert_eq!(tok.num_ranks(), 600);
+    assert_eq!(
+        tok.special_id("<|end_of_msg|>").map(|i| i >= 600),
+        Some(true)
+    );
+    let sample: String = std::fs::read_to_string(text)
+        .unwrap()
+        .chars()
+        .take(20_000)
+        .collect();
+    let ids = tok.encode_ordinary(&sample);
+    assert_eq!(tok.decode(&ids), sample);
+    assert!(
+        ids.len() * 2 < sample.len(),
+        "{} tokens for {} bytes",
+        ids.len(),
+        sample.len()
+    );
+}
