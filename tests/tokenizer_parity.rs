@@ -82,6 +82,20 @@ fn o200k_parity() {
     check(tiktoken_rs::o200k_base().unwrap(), 199_998, O200K);
 }
 
+/// Runs the binary with `args` and then `dir`, asserting it succeeded.
+fn deltafin(args: &[&str], dir: &std::path::Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(args)
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn ours_of(dir: &std::path::Path) -> Tokenizer {
     Tokenizer::from_dir(dir).unwrap()
 }
@@ -92,16 +106,7 @@ fn ours_of(dir: &std::path::Path) -> Tokenizer {
 fn exported_tokenizer_json_encodes_the_same() {
     let dir = tempfile::tempdir().unwrap();
     deltafin::checkpoint::fixture::write_nano(dir.path(), &Default::default()).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
-        .args(["export-tokenizer", "--model-root"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    deltafin(&["export-tokenizer", "--model-root"], dir.path());
     let mut hf = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
     // Loaded as is, `tokenizers` recognises special spellings in text (its default); ours
     // recognises them only where allowed. With that switched off the two agree on every text;
@@ -126,15 +131,9 @@ fn exported_tokenizer_json_encodes_the_same() {
 fn train_tokenizer_writes_k3_format_files() {
     let dir = tempfile::tempdir().unwrap();
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/data/heldout/persuasion.txt");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
-        .args(["train-tokenizer", "--text", text, "--vocab", "600", "--out"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    deltafin(
+        &["train-tokenizer", "--text", text, "--vocab", "600", "--out"],
+        dir.path(),
     );
     let tok = ours_of(dir.path());
     assert_eq!(tok.num_ranks(), 600);

@@ -46,3 +46,15 @@ pub fn fs_free(path: &Path) -> Option<u64> {
     (unsafe { libc::statvfs(c.as_ptr(), &mut s) } == 0)
         .then(|| s.f_bavail as u64 * s.f_frsize as u64)
 }
+
+/// Maps `f` (at `path`) read-only for random access (`MADV_RANDOM`: a fault reads its own pages,
+/// not a read-ahead window; 2,048 random K3 embedding rows left 183 MB resident without it, 63 MB
+/// with it). Sound as long as nobody writes the file in place: every file this crate publishes is
+/// written under a temporary name and renamed, so a mapping keeps the old inode's bytes.
+pub fn map_random(f: &std::fs::File, path: &Path) -> crate::Result<memmap2::Mmap> {
+    // SAFETY: see above; the mapping is read-only.
+    let map = unsafe { memmap2::Mmap::map(f) }.map_err(|e| crate::Error::io(path, e))?;
+    map.advise(memmap2::Advice::Random)
+        .map_err(|e| crate::Error::io(path, e))?;
+    Ok(map)
+}

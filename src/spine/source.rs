@@ -167,7 +167,7 @@ impl Spine {
                     .into_iter()
                     .next()
                     .ok_or_else(|| Error::Msg(format!("{}: no embedding tensor", ep.display())))?;
-                (g, (map_file(&f, &ep)?, e))
+                (g, (crate::fsio::map_random(&f, &ep)?, e))
             }
             Backing::Shards(s) => {
                 let g = pack_from_shards(
@@ -185,7 +185,7 @@ impl Spine {
                 })?;
                 let sp = inv.shard_path(t.shard);
                 let f = std::fs::File::open(&sp).map_err(|e| Error::io(&sp, e))?;
-                let map = map_file(&f, &sp)?;
+                let map = crate::fsio::map_random(&f, &sp)?;
                 let e = Entry {
                     name,
                     dtype: t.dtype.to_string(),
@@ -441,17 +441,4 @@ impl Drop for Pass<'_> {
             let _ = t.join();
         }
     }
-}
-
-/// Maps `f` (at `path`) read-only. Sound as long as nobody writes the file in place: every file
-/// this crate publishes (spine store, downloaded shards) is written under a temporary name and
-/// renamed, so a mapping keeps the old inode's bytes.
-fn map_file(f: &std::fs::File, path: &Path) -> Result<memmap2::Mmap> {
-    // SAFETY: see above; the mapping is read-only and outlives no borrow of `f`.
-    let map = unsafe { memmap2::Mmap::map(f) }.map_err(|e| Error::io(path, e))?;
-    // Rows are read at random: a fault reads the row's pages, not a read-ahead window around it
-    // (without this, 2,048 random K3 rows left 183 MB resident instead of about 30 MB).
-    map.advise(memmap2::Advice::Random)
-        .map_err(|e| Error::io(path, e))?;
-    Ok(map)
 }
