@@ -1,9 +1,10 @@
 //! Interactive multi-turn chat with K3.
 //!
-//! `cargo run --release --example chat [MODEL_ROOT] [--no-thinking] [--show-reasoning]`
-//! uses the model in MODEL_ROOT (or `DELTAFIN_MODEL_ROOT`). When no K3 is installed there, it
-//! writes the built-in K3-nano fixture (random weights, K3's exact format) to a cache directory
-//! and chats with that, so the example runs on a fresh machine without network.
+//! `cargo run --release --example chat [MODEL_ROOT] [--no-thinking] [--show-reasoning]
+//! [--temperature 0.8] [--greedy] [--seed N]`
+//! uses the model in MODEL_ROOT (or `DELTAFIN_MODEL_ROOT`). Without one it chats with the
+//! built-in K3-tiny (`assets/k3-tiny`, a small trained model in K3's exact format), so the example
+//! answers in English on a fresh machine without network.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -21,25 +22,50 @@ fn model_root(arg: Option<String>) -> anyhow::Result<PathBuf> {
         }
         eprintln!("no model at {} (config.json missing)", p.display());
     }
-    let dir = std::env::temp_dir().join("deltafin-k3-nano");
+    let dir = deltafin::assets::k3_tiny()?;
     eprintln!(
-        "No K3 install found: using K3-nano, a tiny random-weight model of K3's exact shape and \
-         format, at {}.\nIts replies are noise. To chat with K3, install it (`deltafin setup`) \
-         and pass its model root: cargo run --release --example chat -- /path/to/k3",
+        "No K3 given: chatting with the built-in K3-tiny (K3's architecture, 6 layers, trained on \
+         Austen, Shakespeare and the Bible) at {}. For K3: chat -- /path/to/k3",
         dir.display()
     );
-    if !dir.join("config.json").is_file() {
-        deltafin::checkpoint::fixture::write_nano(&dir, &Default::default())?;
-    }
     Ok(dir)
 }
 
 fn main() -> anyhow::Result<()> {
     deltafin::init_threads();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let thinking = !args.iter().any(|a| a == "--no-thinking");
-    let show_reasoning = args.iter().any(|a| a == "--show-reasoning");
-    let root = model_root(args.iter().find(|a| !a.starts_with("--")).cloned())?;
+    let (mut thinking, mut show_reasoning, mut root_arg) = (true, false, None);
+    // Sampling by default: greedy decoding of a small model loops (K3-tiny, thinking on:
+    // 16 of 20 replies ran to the limit greedily, none at 0.8; see README).
+    let (mut temperature, mut seed) = (0.8f64, 0u64);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--no-thinking" => thinking = false,
+            "--show-reasoning" => show_reasoning = true,
+            "--greedy" => temperature = 0.0,
+            "--temperature" | "--seed" => {
+                let v = args
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("{a} needs a value"))?;
+                if a == "--seed" {
+                    seed = v
+                        .parse()
+                        .map_err(|_| anyhow::anyhow!("--seed {v}: not a number"))?;
+                } else {
+                    temperature = v
+                        .parse()
+                        .map_err(|_| anyhow::anyhow!("--temperature {v}: not a number"))?;
+                }
+            }
+            flag if flag.starts_with("--") => anyhow::bail!(
+                "unknown flag {flag}: use [MODEL_ROOT] [--no-thinking] [--show-reasoning] \
+                 [--temperature T] [--greedy] [--seed N]"
+            ),
+            _ => root_arg = Some(a),
+        }
+    }
+    let root = model_root(root_arg)?;
+    let mut sampler = deltafin::generate::sample::Sampler::new(temperature, 0.95, seed);
     // Metal when built with `--features metal` on a Mac, else the CPU; under the memory plan
     // (printed first): what is pinned, the RAM tier, the context limit.
     let engine = Engine::open_with(&root, &EngineOptions::default(), |p| eprintln!("{p}"))?;
@@ -82,7 +108,7 @@ fn main() -> anyhow::Result<()> {
             &[Message::new("user", line.trim())],
             &gen_opts,
             &cancel,
-            &mut |l: &[f32]| deltafin::generate::argmax(l),
+            &mut |l: &[f32]| sampler.choose(l),
             |d| match d {
                 Delta::Reasoning(t) if dim => eprint!("\x1b[2m{t}\x1b[0m"),
                 Delta::Reasoning(t) if show_reasoning => eprint!("{t}"),

@@ -122,6 +122,15 @@ def write(name, text):
     os.replace(tmp, os.path.join(out, name))
 
 write("train.txt", "\n".join(train))
+# The corpus's word list (letters only, lower-cased): what generated English is checked against.
+words, cur = set(), []
+for ch in "\n".join(train) + " ":
+    if ch.isalpha():
+        cur.append(ch)
+    elif cur:
+        words.add("".join(cur).lower())
+        cur = []
+write("words.txt", "\n".join(sorted(words)) + "\n")
 write("heldout.txt", held[0])
 write("SOURCES", "r-cran-janeaustenr 1.0.0-1 (Debian): Emma, Mansfield Park, Northanger Abbey, "
       "Pride and Prejudice, Sense and Sensibility (train), Persuasion (held out)\n"
@@ -134,4 +143,8 @@ if [[ -f "$repo/data/heldout/persuasion.txt" ]] && ! cmp -s "$out/heldout.txt" "
     echo "corpus: heldout.txt differs from the committed data/heldout/persuasion.txt" >&2
     exit 1
 fi
-echo "corpus: $out/train.txt, $out/heldout.txt"
+if [[ -f "$repo/data/corpus-words.txt" ]] && ! cmp -s "$out/words.txt" "$repo/data/corpus-words.txt"; then
+    echo "corpus: words.txt differs from the committed data/corpus-words.txt" >&2
+    exit 1
+fi
+echo "corpus: $out/train.txt, $out/heldout.txt, $out/words.txt"

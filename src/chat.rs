@@ -198,48 +198,7 @@ fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
 /// session feeds for a new turn (no preamble).
 pub fn render_continuation(messages: &[Message], opts: &ChatOptions) -> Result<Vec<Segment>> {
     let mut out = Vec::new();
-    for m in messages {
-        match m.role.as_str() {
-            "user" | "system" => {
-                let mut attrs = vec![("role", m.role.as_str())];
-                if let Some(n) = &m.name {
-                    attrs.push(("name", n.as_str()));
-                }
-                open_tag(&mut out, "message", &attrs);
-                out.push(Segment::Text(m.content.clone()));
-            }
-            "assistant" => {
-                open_tag(&mut out, "message", &[("role", "assistant")]);
-                if opts.thinking {
-                    open_tag(&mut out, "think", &[]);
-                    if let Some(r) = m
-                        .reasoning_content
-                        .as_deref()
-                        .filter(|r| !r.trim().is_empty())
-                    {
-                        out.push(Segment::Text(r.to_string()));
-                    }
-                    close_tag(&mut out, "think");
-                }
-                open_tag(&mut out, "response", &[]);
-                out.push(Segment::Text(m.content.clone()));
-                close_tag(&mut out, "response");
-            }
-            "tool" => {
-                let idx = "0";
-                let tool = m.tool.clone().unwrap_or_default();
-                open_tag(
-                    &mut out,
-                    "message",
-                    &[("role", "tool"), ("tool", tool.as_str()), ("index", idx)],
-                );
-                out.push(Segment::Text(m.content.clone()));
-            }
-            other => return Err(Error::Msg(format!("unknown message role `{other}`"))),
-        }
-        close_tag(&mut out, "message");
-        end_of_message(&mut out);
-    }
+    render_messages(&mut out, messages, opts)?;
     open_tag(&mut out, "message", &[("role", "assistant")]);
     if opts.thinking {
         open_tag(&mut out, "think", &[]);
@@ -247,6 +206,60 @@ pub fn render_continuation(messages: &[Message], opts: &ChatOptions) -> Result<V
         open_tag(&mut out, "response", &[]);
     }
     Ok(out)
+}
+
+/// A finished conversation (preamble and every message, no generation prompt): a training
+/// sample, whose assistant turns end the way the model is to end them.
+pub fn render_conversation(messages: &[Message], opts: &ChatOptions) -> Result<Vec<Segment>> {
+    let mut out = preamble(opts)?;
+    render_messages(&mut out, messages, opts)?;
+    Ok(out)
+}
+
+fn render_messages(out: &mut Vec<Segment>, messages: &[Message], opts: &ChatOptions) -> Result<()> {
+    for m in messages {
+        match m.role.as_str() {
+            "user" | "system" => {
+                let mut attrs = vec![("role", m.role.as_str())];
+                if let Some(n) = &m.name {
+                    attrs.push(("name", n.as_str()));
+                }
+                open_tag(out, "message", &attrs);
+                out.push(Segment::Text(m.content.clone()));
+            }
+            "assistant" => {
+                open_tag(out, "message", &[("role", "assistant")]);
+                if opts.thinking {
+                    open_tag(out, "think", &[]);
+                    if let Some(r) = m
+                        .reasoning_content
+                        .as_deref()
+                        .filter(|r| !r.trim().is_empty())
+                    {
+                        out.push(Segment::Text(r.to_string()));
+                    }
+                    close_tag(out, "think");
+                }
+                open_tag(out, "response", &[]);
+                out.push(Segment::Text(m.content.clone()));
+                close_tag(out, "response");
+            }
+            "tool" => {
+                let idx = "0";
+                let tool = m.tool.clone().unwrap_or_default();
+                open_tag(
+                    out,
+                    "message",
+                    &[("role", "tool"), ("tool", tool.as_str()), ("index", idx)],
+                );
+                out.push(Segment::Text(m.content.clone()));
+            }
+            other => return Err(Error::Msg(format!("unknown message role `{other}`"))),
+        }
+        close_tag(out, "message");
+        end_of_message(out);
+    }
+    Ok(())
 }
 
 /// Encodes segments, each separately (BPE never merges across a boundary).

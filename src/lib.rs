@@ -5,20 +5,20 @@
 //! format and fused kernels), `model` (K3 as Candle modules), `spine` (dense weights: store,
 //! row-int8, pinned/streamed layers), `experts` (the tiered streaming expert store), `hub`
 //! (hf-hub range fetches and a mock hub), `tokenizer` and `chat` (K3's BPE and chat format),
-//! `generate` (greedy/sampled decoding), `install` (setup from the hub) and `server`
-//! (OpenAI-compatible HTTP).
+//! `generate` (greedy/sampled decoding), `install` (setup from the hub), `server`
+//! (OpenAI-compatible HTTP), `train` (training a K3-architecture model with Candle's autograd and
+//! exporting it in K3's format), `eval` (the quality harness) and `assets` (the built-in K3-tiny).
 //!
 //! The front door is an [`Engine`] (one loaded model under the memory plan) and its
-//! [`Session`]s (one conversation each; a turn feeds only what is new). On K3-nano, the
-//! built-in random-weight model of K3's exact format:
+//! [`Session`]s (one conversation each; a turn feeds only what is new). On K3-tiny, the
+//! built-in model (K3's architecture and format, trained small on public-domain English):
 //!
 //! ```
 //! use std::sync::atomic::AtomicBool;
 //! use deltafin::chat::{ChatOptions, Delta, Message};
 //! use deltafin::{Engine, EngineOptions, GenerateOptions};
 //! # fn main() -> deltafin::Result<()> {
-//! let root = std::env::temp_dir().join(format!("deltafin-doc-nano-{}", std::process::id()));
-//! deltafin::checkpoint::fixture::write_nano(&root, &Default::default())?;
+//! let root = deltafin::assets::k3_tiny()?;
 //! let engine = Engine::open(&root, &EngineOptions::default())?;
 //! let mut session = engine.session(ChatOptions::default());
 //! let opts = GenerateOptions { max_new: 8, stop_ids: vec![engine.eos()] };
@@ -34,19 +34,20 @@
 //!     println!("\n({} tokens fed, {} generated)", turn.generation.prompt_ids.len(),
 //!         turn.generation.generated_ids.len());
 //! }
-//! # std::fs::remove_dir_all(&root).ok();
 //! # Ok(()) }
 //! ```
 
 #![recursion_limit = "256"]
 
 pub mod alloc_count;
+pub mod assets;
 pub mod chat;
 pub mod checkpoint;
 pub mod compute;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod experts;
 pub mod fsio;
 pub mod generate;
@@ -61,6 +62,7 @@ pub mod server;
 mod shaders;
 pub mod spine;
 pub mod tokenizer;
+pub mod train;
 
 pub use config::K3Config;
 pub use engine::{ChatTurn, Engine, EngineOptions, Session, SessionSnapshot};

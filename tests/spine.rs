@@ -105,13 +105,22 @@ fn resident_streamed_and_mixed_are_bit_identical() {
     );
 }
 
-/// Issue 5's criterion. On K3-nano it does not hold: the random 10-layer network amplifies the
-/// int8 rounding (the top token stays, its logit moves 1.1%, ranks 2–5 reorder); run with
-/// `cargo test --release --test spine -- --ignored` to see the figures.
+/// Copies the built-in K3-tiny (a trained network) into a temporary directory.
+fn tiny_copy() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(deltafin::assets::k3_tiny().unwrap()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+    }
+    d
+}
+
+/// Issue 5's criterion, on a trained network (K3-tiny): with the int8 spine the first step keeps
+/// the top-5 order and moves the top logit by less than 1%; over held-out positions the median
+/// move stays under 1% too (the figures are printed).
 #[test]
-#[ignore = "K3-nano amplifies int8 noise: top logit moves 1.1%, ranks 2-5 reorder (see README)"]
 fn int8_spine_stays_close_to_bf16() {
-    let d = fixture();
+    let d = tiny_copy();
     let bf = model(
         d.path(),
         &SpineOptions {
@@ -119,7 +128,6 @@ fn int8_spine_stays_close_to_bf16() {
             ..Default::default()
         },
     );
-    let want = run(&bf);
     // Asking for int8 before the store exists is an error naming the command that makes it.
     let inv = Inventory::from_dir(d.path()).unwrap();
     let int8 = SpineOptions {
@@ -132,23 +140,35 @@ fn int8_spine_stays_close_to_bf16() {
         .expect("no int8 store yet")
         .to_string();
     assert!(err.contains("convert-spine-int8"), "{err}");
-    convert_spine(&inv, 10, d.path(), SpineFormat::Int8, |_, _| {}).unwrap();
+    convert_spine(&inv, n, d.path(), SpineFormat::Int8, |_, _| {}).unwrap();
     let q = model(d.path(), &SpineOptions::default());
     assert_eq!(
         q.spine().format(),
         SpineFormat::Int8,
         "auto picks the converted int8 spine"
     );
-    let got = run(&q);
-    let (a, b) = (top_k(&want[0], 5), top_k(&got[0], 5));
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(d.path()).unwrap();
+    let prompt = tok.encode_ordinary("It is a truth universally acknowledged, that a single man");
+    let first = |m: &K3Model| {
+        m.forward(&prompt, &mut m.new_state())
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    let (want, got) = (first(&bf), first(&q));
+    let (a, b) = (top_k(&want, 5), top_k(&got, 5));
     let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
-    let moved = ((a[0].1 - b[0].1) / a[0].1).abs();
+    let moved = ((a[0].1 - got[a[0].0 as usize]) / a[0].1).abs();
     eprintln!(
-        "int8 vs bf16: top-5 {a:?} vs {b:?}; top logit moved {:.3}%",
+        "int8 vs bf16, first step: top-5 {a:?} vs {b:?}; top logit moved {:.3}%",
         100.0 * moved
     );
     assert_eq!(ids(&a), ids(&b));
     assert!(moved < 0.01, "top logit moved by {:.3}%", 100.0 * moved);
+    let held = tok.encode_ordinary(include_str!("../data/heldout/persuasion.txt"));
+    let r = deltafin::eval::compare(&bf, &q, &held, 128, Some(2048)).unwrap();
+    eprintln!("int8 vs bf16 over held-out positions: {r:?}");
+    assert!(r.top_logit_rel_median < 0.01, "{r:?}");
 }
 
 #[test]

@@ -76,6 +76,11 @@ impl Engine {
         &mut self.model
     }
 
+    /// The model, owned (the engine's tokenizer is dropped).
+    pub fn into_model(self) -> K3Model {
+        self.model
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tok

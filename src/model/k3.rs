@@ -246,6 +246,21 @@ impl K3Model {
         Ok(Some(dense(&x, &lm_head)?.squeeze(0)?))
     }
 
+    /// Consumes `ids` and returns the logits `[T, V]` of every position (teacher-forced
+    /// evaluation).
+    pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
+        self.check_input(ids, state)?;
+        let t = self.cfg.text();
+        let lm_head = self.spine.global().matrix_at(&self.lm_head)?;
+        let mut rows = Vec::new();
+        for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
+            let h = self.run_layers(chunk, state, &self.observers)?;
+            let x = rms_norm(&h, &self.final_norm, t.rms_norm_eps)?;
+            rows.push(dense(&x, &lm_head)?);
+        }
+        Ok(Tensor::cat(&rows, 0)?)
+    }
+
     /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`.
     fn run_layers(&self, ids: &[u32], state: &mut SeqState, obs: &dyn Observer) -> Result<Tensor> {
         let t = self.cfg.text();

@@ -82,3 +82,23 @@ pub fn deltafin_on_hub(
     }
     c.output().unwrap()
 }
+
+/// Runs the `deltafin` binary with `args` (one rayon thread) and returns its output.
+pub fn deltafin_cmd(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .unwrap()
+}
+
+/// `deltafin_cmd`, asserting that it succeeded.
+pub fn deltafin_ok(args: &[&str]) -> std::process::Output {
+    let out = deltafin_cmd(args);
+    assert!(
+        out.status.success(),
+        "deltafin {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

@@ -2,10 +2,12 @@
 
 mod bench_args;
 pub mod doctor;
+pub mod eval;
 pub mod events;
 pub mod install;
 pub mod run;
 pub mod store;
+pub mod train;
 
 use std::path::PathBuf;
 
@@ -99,6 +101,13 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Train a K3-architecture model (Candle autograd, AdamW) on text files and export it in
+    /// K3's format (BF16 spine, MXFP4 experts).
+    Train(train::TrainArgs),
+    /// Quality harness: teacher-forced NLL and perplexity of a text, a bigram baseline, two
+    /// configurations compared (top-1/top-5 agreement, KL, top-logit change), reference
+    /// continuations (JSONL).
+    Eval(eval::EvalArgs),
     /// Benchmarks.
     Bench {
         /// Which benchmark.
@@ -266,9 +275,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 model.display()
             );
         }
+        Command::Train(a) => train::run(&a)?,
+        Command::Eval(a) => eval::run(&a)?,
         Command::Bench { kind } => bench_args::run(kind)?,
     }
     Ok(())
+}
+
+/// `given`, or the built-in K3-tiny when no model root was given (said in one line).
+pub fn default_root(given: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None => {
+            let p = deltafin::assets::k3_tiny()?;
+            eprintln!(
+                "no --model-root given: using the built-in K3-tiny (a small trained model of K3's architecture) at {}",
+                p.display()
+            );
+            Ok(p)
+        }
+    }
 }
 
 fn convert(

@@ -8,7 +8,7 @@ use clap::Args;
 
 use deltafin::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
 use deltafin::generate::argmax;
-use deltafin::model::{LayerProfile, RouterTrace};
+use deltafin::model::{ExpertReuse, LayerProfile, RouterTrace};
 use deltafin::tokenizer::StreamDecoder;
 use deltafin::GenerateOptions;
 
@@ -17,9 +17,10 @@ pub use super::store::{load_engine, StoreArgs};
 /// Arguments of `run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Model directory: a plain checkpoint as the hub serves it, or an installed model root.
+    /// Model directory: a plain checkpoint as the hub serves it, or an installed model root
+    /// (default: the built-in K3-tiny).
     #[arg(long)]
-    pub model_root: PathBuf,
+    pub model_root: Option<PathBuf>,
     /// Prompt text (raw completion, no BOS; with `--chat`, the user message).
     #[arg(long, conflicts_with = "prompt_ids")]
     pub prompt: Option<String>,
@@ -41,6 +42,9 @@ pub struct RunArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Do not stop at the end-of-message token (generate `--max-new` tokens: measurements).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Print per-token expert statistics (tiers, bytes, wait, prefetch hits) on stderr.
     #[arg(long)]
     pub stats: bool,
@@ -63,7 +67,8 @@ pub struct RunArgs {
 
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
-    let mut engine = load_engine(&a.model_root, &a.store, 0)?;
+    let root = super::default_root(a.model_root.as_deref())?;
+    let mut engine = load_engine(&root, &a.store, 0)?;
     let model = engine.model_mut();
     // The pass observers: the router trace and the layer profile.
     let router_trace = match &a.router_trace {
@@ -78,6 +83,10 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         .then(|| Arc::new(LayerProfile::new(model.experts().clone())));
     if let Some(p) = &profile {
         model.observe(p.clone());
+    }
+    let reuse = a.stats.then(|| Arc::new(ExpertReuse::default()));
+    if let Some(r) = &reuse {
+        model.observe(r.clone());
     }
     let cancel = Arc::new(AtomicBool::new(false));
     {
@@ -114,14 +123,18 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
     let gen_opts = GenerateOptions {
         max_new: a.max_new.unwrap_or(if a.chat { 8192 } else { 64 }),
-        stop_ids: vec![model.config().eos_token_id],
+        stop_ids: if a.ignore_eos {
+            Vec::new()
+        } else {
+            vec![model.config().eos_token_id]
+        },
     };
     let mut session = engine.session(ChatOptions::default());
     let mut events = super::events::Events::create(a.events_jsonl.as_deref())?;
     events.emit(
         "start",
         serde_json::json!({
-            "model_root": a.model_root.display().to_string(),
+            "model_root": root.display().to_string(),
             "device": deltafin::compute::device::describe(model.device()),
             "kernel": model.options.kernel.name(),
             "spine": model.spine().report(),
@@ -228,6 +241,20 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         if let Some(s) = model.expert_stats() {
             eprintln!("total: {}", serde_json::to_string(&s)?);
         }
+        if let Some(r) = &reuse {
+            let t = model.config().text();
+            let layers: Vec<String> = r
+                .per_layer()
+                .iter()
+                .map(|(l, s, _)| format!("L{l} {:.1}%", 100.0 * s))
+                .collect();
+            eprintln!(
+                "expert reuse (share of a token's experts the previous token also used): {:.1}% overall (random routing: {:.1}%); {}",
+                100.0 * r.overall(),
+                100.0 * t.num_experts_per_token as f64 / t.num_experts as f64,
+                layers.join(", ")
+            );
+        }
     }
     let (_, peak) = deltafin::memory::rss();
     eprintln!(
@@ -244,9 +271,9 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
 /// Arguments of `serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Model directory.
+    /// Model directory (default: the built-in K3-tiny).
     #[arg(long)]
-    pub model_root: PathBuf,
+    pub model_root: Option<PathBuf>,
     /// Address to bind (loopback by default; there is no authentication: put a reverse proxy
     /// with authentication in front before exposing the port).
     #[arg(long, default_value = "127.0.0.1")]
@@ -273,7 +300,8 @@ pub struct ServeArgs {
 
 /// Runs `deltafin serve`.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
-    let engine = load_engine(&a.model_root, &a.store, 1)?;
+    let root = super::default_root(a.model_root.as_deref())?;
+    let engine = load_engine(&root, &a.store, 1)?;
     let cfg = deltafin::server::ServerConfig {
         model_id: a.model_id.clone(),
         max_tokens: a.max_tokens.max(1),
@@ -290,11 +318,11 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
         eprintln!(
             "serving {} as `{}` at http://{} (OpenAI-compatible; no authentication)",
-            a.model_root.display(),
+            root.display(),
             a.model_id,
             listener.local_addr()?
         );
-        if deltafin::install::read_manifest(&a.model_root).is_some_and(|m| m.mode == "stream") {
+        if deltafin::install::read_manifest(&root).is_some_and(|m| m.mode == "stream") {
             eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
         }
         tokio::select! {
