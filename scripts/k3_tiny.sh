@@ -5,8 +5,9 @@
 # The committed assets/k3-tiny was trained in three runs on one checkpoint (TRAINING.json's
 # "history"): steps 0-707 and 707-1202 at --seq 128 --batch 16 --chat-fraction 0.3 with
 # single-turn chat samples, then 1202-2000 with the command below (multi-turn chat samples).
-# One uninterrupted run of the last command is the reproducible recipe; it takes about 70
-# minutes on 2 cores and lands within noise of the committed figures, not on the same bytes.
+# One uninterrupted run of the last command is the reproducible recipe (not run uninterrupted
+# here: estimated 75-90 minutes on 2 cores from the last run's 2.2-2.8 s per step); it gives a
+# model of the same recipe, not the committed bytes.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$repo/target/k3-tiny-build}
