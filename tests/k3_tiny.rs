@@ -243,3 +243,34 @@ fn eval_reference_continuations_round_trip() {
     let v = deltafin(&["eval", "--reference", r, "--json"]);
     assert!(v["reference"]["top1_agreement"].as_f64().unwrap() < 1.0);
 }
+
+/// `--compare` opens two models at once: each plans for half the memory limit, and a model
+/// compared with itself agrees everywhere.
+#[test]
+fn eval_compare_splits_the_memory_between_the_two_models() {
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/data/heldout/persuasion.txt");
+    let out = common::deltafin_ok(&[
+        "eval",
+        "--text",
+        text,
+        "--max-tokens",
+        "64",
+        "--compare",
+        "bf16",
+        "bf16",
+        "--memory-gb",
+        "8",
+        "--json",
+    ]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        log.matches("memory plan: limit 4.00 GB").count(),
+        2,
+        "{log}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v["compare"]["report"];
+    assert_eq!(r["positions"], 64);
+    assert_eq!(r["top1_agreement"], 1.0);
+    assert_eq!(r["kl_max"], 0.0);
+}

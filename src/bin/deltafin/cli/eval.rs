@@ -71,6 +71,17 @@ fn scorer(
     Ok(Box::new(engine.into_model()))
 }
 
+/// `store` with half the memory limit (`--memory-gb`, else the measured one).
+fn halved(store: &StoreArgs) -> StoreArgs {
+    let limit = store
+        .memory_gb
+        .unwrap_or_else(|| deltafin::memory::Memory::read().limit().0 as f64 / 1e9);
+    StoreArgs {
+        memory_gb: Some(limit / 2.0),
+        ..store.clone()
+    }
+}
+
 /// Runs `deltafin eval`.
 pub fn run(a: &EvalArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
@@ -150,7 +161,10 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<()> {
             out["bigram_training_tokens"] = train.len().into();
         }
         if let [sa, sb] = a.compare.as_slice() {
-            let (ma, mb) = (scorer(&root, &a.store, sa)?, scorer(&root, &a.store, sb)?);
+            // Both models are open at once: each plans for half the memory, so the pair fits a
+            // machine smaller than one model as a single engine would.
+            let half = halved(&a.store);
+            let (ma, mb) = (scorer(&root, &half, sa)?, scorer(&root, &half, sb)?);
             let r = eval::compare(ma.as_ref(), mb.as_ref(), ids, a.window, a.max_tokens)?;
             if !a.json {
                 println!(
