@@ -1,7 +1,7 @@
 //! Interactive multi-turn chat with K3.
 //!
 //! `cargo run --release --example chat [MODEL_ROOT] [--no-thinking] [--show-reasoning]
-//! [--temperature 0.8] [--greedy] [--seed N]`
+//! [--temperature 0.8] [--greedy] [--seed N] [--speculate auto|ngram|off] [--spec-depth 8]`
 //! uses the model in MODEL_ROOT (or `DELTAFIN_MODEL_ROOT`). Without one it chats with the
 //! built-in K3-tiny (`assets/k3-tiny`, a small trained model in K3's exact format), so the example
 //! answers in English on a fresh machine without network.
@@ -37,12 +37,28 @@ fn main() -> anyhow::Result<()> {
     // Sampling by default: greedy decoding of a small model loops (K3-tiny, thinking on:
     // 16 of 20 replies ran to the limit greedily, none at 0.8; see README).
     let (mut temperature, mut seed) = (0.8f64, 0u64);
+    // Speculative decoding (auto by default): the replies are the same either way.
+    let mut speculation = deltafin::generate::Speculation::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--no-thinking" => thinking = false,
             "--show-reasoning" => show_reasoning = true,
             "--greedy" => temperature = 0.0,
+            "--speculate" | "--spec-depth" => {
+                let v = args
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("{a} needs a value"))?;
+                if a == "--speculate" {
+                    speculation.mode = v.parse()?;
+                } else {
+                    speculation.depth = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|d| (1..=16).contains(d))
+                        .ok_or_else(|| anyhow::anyhow!("--spec-depth {v}: use 1..=16"))?;
+                }
+            }
             "--temperature" | "--seed" => {
                 let v = args
                     .next()
@@ -59,7 +75,8 @@ fn main() -> anyhow::Result<()> {
             }
             flag if flag.starts_with("--") => anyhow::bail!(
                 "unknown flag {flag}: use [MODEL_ROOT] [--no-thinking] [--show-reasoning] \
-                 [--temperature T] [--greedy] [--seed N]"
+                 [--temperature T] [--greedy] [--seed N] [--speculate auto|ngram|off] \
+                 [--spec-depth N]"
             ),
             _ => root_arg = Some(a),
         }
@@ -90,6 +107,7 @@ fn main() -> anyhow::Result<()> {
     let gen_opts = GenerateOptions {
         max_new,
         stop_ids: vec![engine.eos()],
+        speculation,
     };
     let dim = std::io::stderr().is_terminal();
     // One session for the whole chat: each turn feeds only what is new.

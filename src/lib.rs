@@ -21,7 +21,7 @@
 //! let root = deltafin::assets::k3_tiny()?;
 //! let engine = Engine::open(&root, &EngineOptions::default())?;
 //! let mut session = engine.session(ChatOptions::default());
-//! let opts = GenerateOptions { max_new: 8, stop_ids: vec![engine.eos()] };
+//! let opts = GenerateOptions { max_new: 8, stop_ids: vec![engine.eos()], ..Default::default() };
 //! let cancel = AtomicBool::new(false);
 //! for question in ["Hello!", "What is 2+2?"] {
 //!     let turn = session.chat_turn(

@@ -21,6 +21,7 @@ fn a_chat_session_feeds_only_the_new_turn_and_matches_a_full_prefill() {
     let opts = GenerateOptions {
         max_new: 5,
         stop_ids: vec![engine.eos()],
+        ..Default::default()
     };
     let no = AtomicBool::new(false);
     let mut s = engine.session(chat.clone());

@@ -66,6 +66,7 @@ fn continuations(engine: &Engine) -> String {
     let opts = GenerateOptions {
         max_new: 40,
         stop_ids: vec![engine.eos()],
+        ..Default::default()
     };
     let cancel = AtomicBool::new(false);
     let mut text = String::new();
@@ -148,6 +149,7 @@ fn k3_tiny_chat_answers_end_by_themselves() {
     let opts = GenerateOptions {
         max_new: 256,
         stop_ids: vec![engine.eos()],
+        ..Default::default()
     };
     let cancel = AtomicBool::new(false);
     let mut sampler = Sampler::new(0.8, 0.95, 0);

@@ -58,6 +58,7 @@ fn long_prompt_prefills_in_chunks_and_cancels_within_a_chunk() {
     let opts = GenerateOptions {
         max_new: 4,
         stop_ids: vec![],
+        ..Default::default()
     };
     let g = Generator::new(&m)
         .generate(&mut st, &ids, &opts, &cancel, |_| {})
@@ -101,6 +102,7 @@ fn context_limit_is_enforced_and_named() {
     let opts = GenerateOptions {
         max_new: 100,
         stop_ids: vec![],
+        ..Default::default()
     };
     let stop = AtomicBool::new(false);
     let g = Generator::new(&m)

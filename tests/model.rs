@@ -200,6 +200,7 @@ fn scattered_experts_same_tokens() {
     let opts = GenerateOptions {
         max_new: 8,
         stop_ids: vec![],
+        ..Default::default()
     };
     let stop = AtomicBool::new(false);
     let a = Generator::new(&m)
@@ -221,6 +222,7 @@ fn generator_stop_rules() {
     let opts = GenerateOptions {
         max_new: 5,
         stop_ids: vec![],
+        ..Default::default()
     };
     let mut seen = Vec::new();
     let a = g
@@ -232,6 +234,7 @@ fn generator_stop_rules() {
     let opts2 = GenerateOptions {
         max_new: 5,
         stop_ids: vec![a.generated_ids[1]],
+        ..Default::default()
     };
     let b = g
         .generate(&mut m.new_state(), &PROMPT, &opts2, &stop, |_| {})

@@ -19,12 +19,14 @@ pub enum StopReason {
 }
 
 /// Generation settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GenerateOptions {
     /// Most tokens to generate.
     pub max_new: usize,
     /// Tokens that end generation (they are included in the output).
     pub stop_ids: Vec<u32>,
+    /// Speculative decoding (the output is the same either way).
+    pub speculation: Speculation,
 }
 
 /// The result of a generation.
@@ -42,9 +44,16 @@ pub struct Generation {
     pub prefill_ms: f64,
     /// Decode wall time in ms (all steps after the first token).
     pub decode_ms: f64,
+    /// What speculation did.
+    pub spec: SpecStats,
 }
 
+pub mod draft;
 pub mod sample;
+pub mod spec;
+
+pub use draft::{Drafter, NgramDrafter, TextDrafter, TextModel};
+pub use spec::{DepthController, SpecMode, SpecStats, Speculation};
 
 /// Index of the first maximal value (NaNs never win).
 pub fn argmax(v: &[f32]) -> u32 {
@@ -96,7 +105,8 @@ impl<'m> Generator<'m> {
         )
     }
 
-    /// `generate` with a token chooser (greedy, or a `Sampler`).
+    /// `generate` with a token chooser (greedy, or a `Sampler`), speculating as
+    /// `opts.speculation` says with the n-gram drafter.
     pub fn generate_with(
         &self,
         state: &mut SeqState,
@@ -104,6 +114,24 @@ impl<'m> Generator<'m> {
         opts: &GenerateOptions,
         cancel: &AtomicBool,
         choose: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
+        let mut ngram = NgramDrafter::default();
+        self.generate_drafted(state, prompt, opts, cancel, choose, &mut ngram, on_token)
+    }
+
+    /// `generate_with` with a chosen drafter. The chooser is called once per emitted token, in
+    /// order, on logits bit-identical to plain decoding's, so the output does not depend on the
+    /// drafter or the speculation settings (`spec` module).
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_drafted(
+        &self,
+        state: &mut SeqState,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+        drafter: &mut dyn Drafter,
         mut on_token: impl FnMut(u32),
     ) -> Result<Generation> {
         let mut out = Generation {
@@ -113,6 +141,7 @@ impl<'m> Generator<'m> {
             stop: StopReason::Length,
             prefill_ms: 0.0,
             decode_ms: 0.0,
+            spec: SpecStats::default(),
         };
         if opts.max_new == 0 {
             return Ok(out);
@@ -127,29 +156,85 @@ impl<'m> Generator<'m> {
             out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
             return Ok(out);
         };
-        let mut logits = logits.to_vec1::<f32>()?;
+        let logits = logits.to_vec1::<f32>()?;
         out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         out.first_step_top = top_k(&logits, 10);
         let t1 = Instant::now();
+        let mut ctl = DepthController::new(opts.speculation);
+        let mut context = prompt.to_vec();
+        let limit = self.model.context_limit();
+        // The rows of the last pass, the drafts fed after its first row, and its rollback.
+        let (mut rows, mut drafts, mut rollback) = (vec![logits], Vec::<u32>::new(), None);
+        let mut secs = 0.0;
+        let mut first = true;
         loop {
-            let next = choose(&logits);
-            out.generated_ids.push(next);
-            on_token(next);
-            if opts.stop_ids.contains(&next) {
-                out.stop = StopReason::Stop;
+            let (mut emitted, mut accepted, mut stopped) = (0usize, 0usize, false);
+            for (i, row) in rows.iter().enumerate() {
+                let next = choose(row);
+                emitted += 1;
+                out.generated_ids.push(next);
+                context.push(next);
+                on_token(next);
+                if opts.stop_ids.contains(&next) {
+                    out.stop = StopReason::Stop;
+                    stopped = true;
+                } else if out.generated_ids.len() >= opts.max_new {
+                    stopped = true;
+                } else if cancel.load(Ordering::Relaxed) {
+                    out.stop = StopReason::Cancelled;
+                    stopped = true;
+                }
+                if stopped || i >= drafts.len() || next != drafts[i] {
+                    break;
+                }
+                accepted += 1;
+            }
+            if let Some(rb) = rollback.take() {
+                let rb: crate::model::Rollback = rb;
+                out.spec.rollback_bytes = out.spec.rollback_bytes.max(rb.bytes());
+                // The state holds every emitted token but the last.
+                rb.keep(state, emitted)?;
+            }
+            if !first {
+                let compared =
+                    (accepted + usize::from(accepted < emitted && !stopped)).min(drafts.len());
+                ctl.record(rows.len(), secs, compared, accepted);
+                let s = &mut out.spec;
+                s.passes += 1;
+                s.verify_passes += usize::from(!drafts.is_empty());
+                s.drafted += drafts.len();
+                s.accepted += accepted;
+                s.emitted += emitted;
+                drafter.accepted(drafts.len(), accepted);
+            }
+            first = false;
+            if stopped || state.pos >= limit {
                 break;
             }
-            if out.generated_ids.len() >= opts.max_new {
-                break;
+            let last = context[context.len() - 1];
+            let room = (limit - state.pos).min(opts.max_new - out.generated_ids.len());
+            let k = ctl.depth().min(room - 1);
+            drafts = if k > 0 {
+                let mut d = drafter.propose(&context, k);
+                d.truncate(k);
+                d
+            } else {
+                Vec::new()
+            };
+            if drafts.is_empty() {
+                let (l, t) = spec::timed(|| self.model.forward(&[last], state));
+                rows = vec![l?.to_vec1::<f32>()?];
+                secs = t;
+            } else {
+                let ids: Vec<u32> = std::iter::once(last)
+                    .chain(drafts.iter().copied())
+                    .collect();
+                let (r, t) = spec::timed(|| self.model.verify(&ids, state, None));
+                let (l, rb) = r?;
+                rows = l.to_vec2::<f32>()?;
+                rollback = Some(rb);
+                secs = t;
             }
-            if cancel.load(Ordering::Relaxed) {
-                out.stop = StopReason::Cancelled;
-                break;
-            }
-            if state.pos >= self.model.context_limit() {
-                break;
-            }
-            logits = self.model.forward(&[next], state)?.to_vec1::<f32>()?;
         }
         out.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
         Ok(out)

@@ -12,6 +12,7 @@ use super::observe::{Both, Event, Observer, Observers, RouteCollector, RouteTrac
 use super::ops::rms_norm;
 use super::options::ModelOptions;
 use super::state::SeqState;
+use super::verify::LayerUndo;
 use super::weights::LayerWeights;
 
 use crate::compute::dense;
@@ -171,7 +172,7 @@ impl K3Model {
             .layers
             .get_mut(l)
             .ok_or_else(|| crate::Error::Msg(format!("the state has no layer {l}")))?;
-        layer.attention(x, st, &self.options, ld)
+        layer.attention(x, st, &self.options, ld, None)
     }
 
     /// Consumes `ids` (in chunks of `options.prefill_chunk`) and returns the logits `[V]` of the
@@ -235,8 +236,8 @@ impl K3Model {
                 return Ok(None);
             }
             last = Some(match observer {
-                Some(o) => self.run_layers(chunk, state, &Both(&self.observers, o))?,
-                None => self.run_layers(chunk, state, &self.observers)?,
+                Some(o) => self.run_layers(chunk, state, &Both(&self.observers, o), None)?,
+                None => self.run_layers(chunk, state, &self.observers, None)?,
             });
         }
         let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
@@ -250,19 +251,55 @@ impl K3Model {
     /// evaluation).
     pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
         self.check_input(ids, state)?;
-        let t = self.cfg.text();
-        let lm_head = self.spine.global().matrix_at(&self.lm_head)?;
         let mut rows = Vec::new();
         for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
-            let h = self.run_layers(chunk, state, &self.observers)?;
-            let x = rms_norm(&h, &self.final_norm, t.rms_norm_eps)?;
-            rows.push(dense(&x, &lm_head)?);
+            let h = self.run_layers(chunk, state, &self.observers, None)?;
+            rows.push(self.tail(&h)?);
         }
         Ok(Tensor::cat(&rows, 0)?)
     }
 
-    /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`.
-    fn run_layers(&self, ids: &[u32], state: &mut SeqState, obs: &dyn Observer) -> Result<Tensor> {
+    /// A verify pass (speculative decoding): consumes `ids` (the last token and the drafts) in
+    /// one pass and returns the logits `[T, V]` of every position, bit-identical to `T` single
+    /// steps, with the record that keeps any prefix of them (`Rollback::keep`) without reading
+    /// weights again. `observer` watches this pass only.
+    pub fn verify(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        observer: Option<&dyn Observer>,
+    ) -> Result<(Tensor, super::Rollback)> {
+        self.check_input(ids, state)?;
+        let pos = state.pos;
+        let mut undo = Vec::with_capacity(self.layers.len());
+        let h = match observer {
+            Some(o) => self.run_layers(ids, state, &Both(&self.observers, o), Some(&mut undo))?,
+            None => self.run_layers(ids, state, &self.observers, Some(&mut undo))?,
+        };
+        let rb = super::verify::Rollback {
+            pos,
+            rows: ids.len(),
+            layers: undo,
+        };
+        Ok((self.tail(&h)?, rb))
+    }
+
+    /// Final norm and `lm_head` over every row of `h` `[T, H]`: logits `[T, V]`.
+    fn tail(&self, h: &Tensor) -> Result<Tensor> {
+        let x = rms_norm(h, &self.final_norm, self.cfg.text().rms_norm_eps)?;
+        let lm_head = self.spine.global().matrix_at(&self.lm_head)?;
+        dense(&x, &lm_head)
+    }
+
+    /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`. With `undo`
+    /// (a verify pass) each layer adds its rollback record.
+    pub(super) fn run_layers(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        obs: &dyn Observer,
+        mut undo: Option<&mut Vec<LayerUndo>>,
+    ) -> Result<Tensor> {
         let t = self.cfg.text();
         self.experts.begin_token();
         let mut pass = self.spine.pass();
@@ -293,7 +330,7 @@ impl K3Model {
             let ld = pass.layer(l)?;
             let (attn, ffn) = layer.kinds();
             obs.on(l, &Event::LayerReady { attn, ffn });
-            h = layer.forward(l, h, &mut anchors, st, &ld, &cx)?;
+            h = layer.forward(l, h, &mut anchors, st, &ld, &cx, undo.as_deref_mut())?;
         }
         obs.on(0, &Event::PassEnd);
         state.pos += ids.len();

@@ -7,6 +7,7 @@ use candle::Tensor;
 
 use super::kda_kernels::{self, KdaDims, KdaInputs};
 use super::ops::{rms_norm, sigmoid};
+use super::verify::KdaUndo;
 use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::spine::layer::LayerData;
@@ -133,13 +134,16 @@ impl Kda {
         y
     }
 
-    /// `x` is the normalised layer input `[T, H]`; returns `[T, H]`.
+    /// `x` is the normalised layer input `[T, H]`; returns `[T, H]`. With `undo` (a verify
+    /// pass) the recurrence runs per position, the state keeps only the first position and
+    /// `undo` records what replaying the others needs (`super::verify`).
     pub fn forward(
         &self,
         x: &Tensor,
         st: &mut KdaState,
         mode: KdaMode,
         ld: &LayerData,
+        undo: Option<&mut KdaUndo>,
     ) -> Result<Tensor> {
         let t = x.dim(0)?;
         let (hk, d) = (self.heads, self.d);
@@ -156,6 +160,17 @@ impl Kda {
 
         let conv = Arc::make_mut(&mut st.conv);
         let hl = (self.width - 1) * p;
+        let mut undo = undo;
+        if let Some(u) = undo.as_deref_mut() {
+            *u = KdaUndo {
+                heads: hk,
+                d,
+                width: self.width,
+                hist: conv.to_vec(),
+                raw: [qp.clone(), kp.clone(), vp.clone()],
+                ..KdaUndo::default()
+            };
+        }
         let mut q = self.conv(0, &qp, t, &mut conv[..hl]);
         let mut k = self.conv(1, &kp, t, &mut conv[hl..2 * hl]);
         let v = self.conv(2, &vp, t, &mut conv[2 * hl..]);
@@ -182,8 +197,9 @@ impl Kda {
             g: &g,
             beta: &beta,
         };
-        let o = match mode {
-            KdaMode::Chunked(c) if t > 1 => kda_kernels::chunked(inp, s, dims, c),
+        let o = match (mode, undo) {
+            (_, Some(u)) => u.verify(inp, s, dims),
+            (KdaMode::Chunked(c), None) if t > 1 => kda_kernels::chunked(inp, s, dims, c),
             _ => kda_kernels::recurrent(inp, s, dims),
         };
         let o = Tensor::from_vec(o, (t, hk, d), x.device())?; // [T, heads, d]

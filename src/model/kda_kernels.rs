@@ -31,6 +31,35 @@ pub struct KdaInputs<'a> {
     pub beta: &'a [f32],
 }
 
+/// One head's state update at one position: `S ← S·diag(e^g)`, `S += β k (v − Sᵀk)ᵀ`. The
+/// decode step, the verify pass and the rollback replay all call this one function, so they
+/// agree bit for bit.
+#[inline(always)]
+fn update(sh: &mut [f32], kt: &[f32], vt: &[f32], gt: &[f32], b: f32, pred: &mut [f32]) {
+    let d = kt.len();
+    for kk in 0..d {
+        let decay = gt[kk].exp();
+        for x in &mut sh[kk * d..(kk + 1) * d] {
+            *x *= decay;
+        }
+    }
+    pred.iter_mut().for_each(|p| *p = 0.0);
+    for kk in 0..d {
+        let kv = kt[kk];
+        let row = &sh[kk * d..(kk + 1) * d];
+        for (p, x) in pred.iter_mut().zip(row) {
+            *p += kv * x;
+        }
+    }
+    for kk in 0..d {
+        let bk = b * kt[kk];
+        let row = &mut sh[kk * d..(kk + 1) * d];
+        for ((x, vv), p) in row.iter_mut().zip(vt).zip(pred.iter()) {
+            *x += bk * (vv - p);
+        }
+    }
+}
+
 /// Per-position recurrence: `S ← S·diag(e^g)`, `S += β k (v − Sᵀk)ᵀ`, `o = Sᵀq`.
 pub fn recurrent(x: KdaInputs, s: &mut [f32], dims: KdaDims) -> Vec<f32> {
     let KdaInputs { q, k, v, g, beta } = x;
@@ -40,36 +69,17 @@ pub fn recurrent(x: KdaInputs, s: &mut [f32], dims: KdaDims) -> Vec<f32> {
     for t in 0..tn {
         for h in 0..hn {
             let base = (t * hn + h) * d;
-            let (qt, kt, vt, gt) = (
-                &q[base..base + d],
-                &k[base..base + d],
-                &v[base..base + d],
-                &g[base..base + d],
-            );
-            let b = beta[t * hn + h];
+            let r = base..base + d;
             let sh = &mut s[h * d * d..(h + 1) * d * d];
-            for kk in 0..d {
-                let decay = gt[kk].exp();
-                for x in &mut sh[kk * d..(kk + 1) * d] {
-                    *x *= decay;
-                }
-            }
-            pred.iter_mut().for_each(|p| *p = 0.0);
-            for kk in 0..d {
-                let kv = kt[kk];
-                let row = &sh[kk * d..(kk + 1) * d];
-                for (p, x) in pred.iter_mut().zip(row) {
-                    *p += kv * x;
-                }
-            }
-            for kk in 0..d {
-                let bk = b * kt[kk];
-                let row = &mut sh[kk * d..(kk + 1) * d];
-                for ((x, vv), p) in row.iter_mut().zip(vt).zip(&pred) {
-                    *x += bk * (vv - p);
-                }
-            }
-            let ot = &mut o[base..base + d];
+            update(
+                sh,
+                &k[r.clone()],
+                &v[r.clone()],
+                &g[r.clone()],
+                beta[t * hn + h],
+                &mut pred,
+            );
+            let (qt, ot) = (&q[r.clone()], &mut o[r]);
             for kk in 0..d {
                 let qv = qt[kk];
                 let row = &sh[kk * d..(kk + 1) * d];
@@ -80,6 +90,28 @@ pub fn recurrent(x: KdaInputs, s: &mut [f32], dims: KdaDims) -> Vec<f32> {
         }
     }
     o
+}
+
+/// The state updates of `recurrent` without the outputs (`q` is ignored): replays accepted
+/// positions of a verify pass onto the state from before it, bit for bit.
+pub fn replay(x: KdaInputs, s: &mut [f32], dims: KdaDims) {
+    let KdaInputs { k, v, g, beta, .. } = x;
+    let KdaDims { t: tn, h: hn, d } = dims;
+    let mut pred = vec![0f32; d];
+    for t in 0..tn {
+        for h in 0..hn {
+            let r = (t * hn + h) * d..(t * hn + h + 1) * d;
+            let sh = &mut s[h * d * d..(h + 1) * d * d];
+            update(
+                sh,
+                &k[r.clone()],
+                &v[r.clone()],
+                &g[r],
+                beta[t * hn + h],
+                &mut pred,
+            );
+        }
+    }
 }
 
 /// The chunked form (spec §3.4) with chunks of `chunk` positions; the same result as

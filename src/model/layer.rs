@@ -13,6 +13,7 @@ use super::observe::{Event, Observer};
 use super::ops::rms_norm;
 use super::options::ModelOptions;
 use super::state::LayerState;
+use super::verify::LayerUndo;
 use super::weights::LayerWeights;
 use crate::config::{AttnKind, FfnKind, LayerKind};
 use crate::experts::ExpertProvider;
@@ -101,17 +102,32 @@ impl Layer {
         }
     }
 
-    /// Attention alone on the normalised input `x` `[T, H]`.
+    /// Attention alone on the normalised input `x` `[T, H]`; with `undo` (a verify pass) it
+    /// also records what keeping a prefix of the rows needs.
     pub fn attention(
         &self,
         x: &Tensor,
         state: &mut LayerState,
         options: &ModelOptions,
         ld: &LayerData,
+        undo: Option<&mut Vec<LayerUndo>>,
     ) -> Result<Tensor> {
         match (&self.attn, state) {
-            (Attn::Kda(k), LayerState::Kda(s)) => k.forward(x, s, options.kda, ld),
-            (Attn::Mla(m), LayerState::Mla(s)) => m.forward(x, s, options.mla, ld),
+            (Attn::Kda(k), LayerState::Kda(s)) => match undo {
+                Some(u) => {
+                    let mut rec = Box::default();
+                    let o = k.forward(x, s, options.kda, ld, Some(&mut rec))?;
+                    u.push(LayerUndo::Kda(rec));
+                    Ok(o)
+                }
+                None => k.forward(x, s, options.kda, ld, None),
+            },
+            (Attn::Mla(m), LayerState::Mla(s)) => {
+                if let Some(u) = undo {
+                    u.push(LayerUndo::Mla(s.cache.len()));
+                }
+                m.forward(x, s, options.mla, ld)
+            }
             _ => Err(crate::Error::Msg(
                 "the sequence state does not match the layer kind".into(),
             )),
@@ -119,7 +135,9 @@ impl Layer {
     }
 
     /// Layer `l` on the hidden state `h` `[T, H]`: returns the new hidden state. `anchors` are
-    /// the AttnRes block outputs so far (this layer adds one at a block boundary).
+    /// the AttnRes block outputs so far (this layer adds one at a block boundary); `undo`: see
+    /// `attention`.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         l: usize,
@@ -128,6 +146,7 @@ impl Layer {
         state: &mut LayerState,
         ld: &LayerData,
         cx: &PassCtx,
+        undo: Option<&mut Vec<LayerUndo>>,
     ) -> Result<Tensor> {
         let obs = cx.observer;
         let a_in = if anchors.is_empty() {
@@ -143,7 +162,7 @@ impl Layer {
         };
         let x = rms_norm(&a_in, &self.input_norm, cx.eps)?;
         obs.on(l, &Event::AttentionIn);
-        let o = self.attention(&x, state, cx.options, ld)?;
+        let o = self.attention(&x, state, cx.options, ld, undo)?;
         obs.on(l, &Event::Attention(&o));
         let p = match prefix {
             Some(pr) => (pr + o)?,

@@ -2,9 +2,10 @@
 //! position, `[c_n (kv_lora) | k_pe (rope)]`, grown in place (capacity doubles, never past the
 //! context limit) and shared copy-on-write, so a snapshot is a clone of an `Arc` and appending
 //! copies only after a snapshot. Attention reads the rows in place for every head at once
-//! (flash-decoding: position blocks split across threads, a running max and sum per query row,
-//! partial results merged), so memory per step is O(threads × heads × latent), never
-//! heads × context, and no copy of the cache is made per token.
+//! (flash-decoding: positions split on a fixed grid across threads, a running max and sum per
+//! query row, partial results folded in position order, so every row's bits are independent of
+//! the other rows and of the context length), so memory per step is O(threads × heads ×
+//! latent), never heads × context, and no copy of the cache is made per token.
 //!
 //! Owns the cache layout and the attention arithmetic; must not touch weights or the spine.
 
@@ -15,6 +16,10 @@ use rayon::prelude::*;
 /// Positions per block: a block of rows (`128 × 576 × 4` B) stays in L2 while every query row
 /// passes over it.
 const BLOCK: usize = 128;
+
+/// Positions per split of a long context: a fixed grid, so a row's sum order never depends on
+/// the context length or the thread count.
+const SPAN: usize = 8 * BLOCK;
 
 /// The latent cache of one MLA layer.
 #[derive(Debug, Clone)]
@@ -68,6 +73,13 @@ impl LatentCache {
         v.extend_from_slice(rows);
     }
 
+    /// Keeps the first `len` positions (a verify pass's rollback); the capacity stays.
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len() {
+            Arc::make_mut(&mut self.rows).truncate(len * self.width);
+        }
+    }
+
     /// Bytes reserved.
     pub fn capacity_bytes(&self) -> usize {
         self.rows.capacity() * 4
@@ -92,18 +104,19 @@ impl Partial {
         }
     }
 
-    /// Folds `o` into `self` (both over disjoint positions).
-    fn merge(&mut self, o: &Partial, out: usize) {
-        for r in 0..self.max.len() {
-            let m = self.max[r].max(o.max[r]);
-            if m == f32::NEG_INFINITY {
+    /// Folds `o`, which holds rows `r0..` of `self` over later positions, into `self`. A row
+    /// `o` saw nothing of is left bit for bit as it was.
+    fn merge_rows(&mut self, r0: usize, o: &Partial, out: usize) {
+        for (i, r) in (r0..r0 + o.max.len()).enumerate() {
+            if o.max[i] == f32::NEG_INFINITY {
                 continue;
             }
-            let (a, b) = ((self.max[r] - m).exp(), (o.max[r] - m).exp());
-            self.sum[r] = self.sum[r] * a + o.sum[r] * b;
+            let m = self.max[r].max(o.max[i]);
+            let (a, b) = ((self.max[r] - m).exp(), (o.max[i] - m).exp());
+            self.sum[r] = self.sum[r] * a + o.sum[i] * b;
             let (x, y) = (
                 &mut self.acc[r * out..(r + 1) * out],
-                &o.acc[r * out..(r + 1) * out],
+                &o.acc[i * out..(i + 1) * out],
             );
             for (xi, yi) in x.iter_mut().zip(y) {
                 *xi = *xi * a + yi * b;
@@ -237,30 +250,25 @@ pub fn attend(
     let total = cache.len();
     let threads = rayon::current_num_threads().max(1);
     let rows = cache.rows();
-    let mut acc = if total >= threads * BLOCK || n_rows < threads {
-        // Long context: split the positions; each split keeps partials for every row.
-        let per = total.div_ceil(threads).div_ceil(BLOCK).max(1) * BLOCK;
-        let splits: Vec<(usize, usize)> = (0..total)
-            .step_by(per)
-            .map(|p0| (p0, (p0 + per).min(total)))
+    // Positions are split on a fixed grid of `SPAN` (never on the context length or the thread
+    // count) and each row's span partials are folded left in position order, so a row's result
+    // depends only on its query and the positions it sees: a verify pass of several rows gives
+    // every row the bits a single-row step gives it. A wave of spans runs at once (memory:
+    // `threads` partials); rows are split too when there are fewer spans than threads.
+    let spans: Vec<(usize, usize)> = (0..total)
+        .step_by(SPAN)
+        .map(|p0| (p0, (p0 + SPAN).min(total)))
+        .collect();
+    let mut acc = Partial::new(n_rows, out);
+    for wave in spans.chunks(threads) {
+        let row_parts = threads.div_ceil(wave.len()).min(n_rows.max(1));
+        let per = n_rows.div_ceil(row_parts).max(1);
+        let items: Vec<(usize, usize)> = (0..wave.len())
+            .flat_map(|s| (0..n_rows).step_by(per).map(move |r0| (s, r0)))
             .collect();
-        let parts: Vec<Partial> = splits
+        let parts: Vec<Partial> = items
             .par_iter()
-            .map(|&(p0, p1)| span_best(q, rows, shape, p0, p1))
-            .collect();
-        let mut acc = Partial::new(n_rows, out);
-        for p in &parts {
-            acc.merge(p, out);
-        }
-        acc
-    } else {
-        // Short context, many query rows (a prefill chunk): split the rows instead.
-        let per = n_rows.div_ceil(threads);
-        let parts: Vec<Partial> = (0..n_rows)
-            .step_by(per)
-            .collect::<Vec<_>>()
-            .par_iter()
-            .map(|&r0| {
+            .map(|&(s, r0)| {
                 let r1 = (r0 + per).min(n_rows);
                 let vis = move |r: usize| visible(r0 + r);
                 let sub = Shape {
@@ -268,17 +276,15 @@ pub fn attend(
                     visible: &vis,
                     ..shape
                 };
-                span_best(&q[r0 * width..r1 * width], rows, sub, 0, total)
+                let (p0, p1) = wave[s];
+                span_best(&q[r0 * width..r1 * width], rows, sub, p0, p1)
             })
             .collect();
-        let mut acc = Partial::new(0, out);
-        for p in parts {
-            acc.max.extend(p.max);
-            acc.sum.extend(p.sum);
-            acc.acc.extend(p.acc);
+        // Folded in span order, row block by row block.
+        for (&(_, r0), p) in items.iter().zip(&parts) {
+            acc.merge_rows(r0, p, out);
         }
-        acc
-    };
+    }
     for r in 0..n_rows {
         let inv = if acc.sum[r] > 0.0 {
             1.0 / acc.sum[r]
@@ -302,6 +308,8 @@ mod tests {
         check_attend(24, 16, 6, 777);
         // Short context, many rows (a prefill chunk): the row-split path.
         check_attend(24, 16, 40, 50);
+        // Several spans, and a wave with fewer spans than threads.
+        check_attend(24, 16, 5, 2 * SPAN + 300);
     }
 
     fn check_attend(width: usize, out: usize, n_rows: usize, total: usize) {
@@ -335,6 +343,42 @@ mod tests {
                     .sum();
                 let g = got[r * out + o] as f64;
                 assert!((g - want).abs() < 1e-5, "row {r} out {o}: {g} vs {want}");
+            }
+        }
+    }
+
+    /// Each row's result equals, bit for bit, that row attended alone over a cache holding only
+    /// the positions it sees, whatever the thread count: what a verify pass relies on.
+    #[test]
+    fn rows_are_bit_identical_to_single_row_calls() {
+        let (width, out, total) = (24, 16, 3 * SPAN + 77);
+        let mut rng = crate::checkpoint::rng::Rng::new(5);
+        let all: Vec<f32> = (0..total * width)
+            .map(|_| rng.uniform() as f32 * 2.0 - 1.0)
+            .collect();
+        let q: Vec<f32> = (0..9 * width)
+            .map(|_| rng.uniform() as f32 * 4.0 - 2.0)
+            .collect();
+        let mut cache = LatentCache::new(width, total);
+        cache.append(&all);
+        // Nine rows, as a verify pass of nine positions at the end of the cache.
+        let visible = |r: usize| total - 8 + r;
+        for threads in [1usize, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let got = pool.install(|| attend(&cache, &q, out, 0.3, &visible));
+            for r in 0..9 {
+                let n = visible(r);
+                let mut alone = LatentCache::new(width, n);
+                alone.append(&all[..n * width]);
+                let one = attend(&alone, &q[r * width..(r + 1) * width], out, 0.3, &|_| n);
+                assert_eq!(
+                    &got[r * out..(r + 1) * out],
+                    &one[..],
+                    "row {r}, {threads} threads"
+                );
             }
         }
     }

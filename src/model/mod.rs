@@ -15,6 +15,7 @@ pub mod profile;
 pub mod reuse;
 pub mod state;
 pub mod trace;
+pub mod verify;
 pub mod weights;
 
 pub use k3::K3Model;
@@ -27,3 +28,4 @@ pub use profile::{LayerProfile, LayerTiming};
 pub use reuse::ExpertReuse;
 pub use state::SeqState;
 pub use trace::RouterTrace;
+pub use verify::Rollback;

@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Seconds between SSE comment keep-alives.
     pub keepalive_secs: u64,
+    /// Speculative decoding for every request (the output is the same either way).
+    pub speculation: crate::generate::Speculation,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +54,7 @@ impl Default for ServerConfig {
             queue: 0,
             body_limit: 16 << 20,
             keepalive_secs: 5,
+            speculation: Default::default(),
         }
     }
 }

@@ -146,6 +146,7 @@ fn spawn_generation(
         let opts = GenerateOptions {
             max_new,
             stop_ids: vec![st.engine.eos()],
+            speculation: st.cfg.speculation,
         };
         let send = |d: Vec<Delta>, cancel: &AtomicBool| {
             for x in d {

@@ -56,6 +56,7 @@ pub fn generate_with(
     let opts = deltafin::GenerateOptions {
         max_new,
         stop_ids: vec![],
+        ..Default::default()
     };
     let stop = std::sync::atomic::AtomicBool::new(false);
     Ok(deltafin::Generator::new(&m)

@@ -60,9 +60,34 @@ pub struct RunArgs {
     /// end) to this file.
     #[arg(long)]
     pub events_jsonl: Option<PathBuf>,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Expert store settings.
     #[command(flatten)]
     pub store: StoreArgs,
+}
+
+/// Speculative decoding flags (`run`, `serve`): the output is identical either way.
+#[derive(Debug, Clone, Args)]
+pub struct SpecArgs {
+    /// `auto` (n-gram drafts at the depth measured acceptance and pass costs favour, none
+    /// where it does not pay), `ngram` (always the full depth when a draft exists) or `off`.
+    #[arg(long, default_value = "auto")]
+    pub speculate: deltafin::generate::SpecMode,
+    /// Most drafts verified per pass (1..=16).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub spec_depth: u16,
+}
+
+impl SpecArgs {
+    /// The library's settings.
+    pub fn speculation(&self) -> deltafin::generate::Speculation {
+        deltafin::generate::Speculation {
+            mode: self.speculate,
+            depth: self.spec_depth as usize,
+        }
+    }
 }
 
 /// Runs `deltafin run`.
@@ -128,6 +153,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         } else {
             vec![model.config().eos_token_id]
         },
+        speculation: a.spec.speculation(),
     };
     let mut session = engine.session(ChatOptions::default());
     let mut events = super::events::Events::create(a.events_jsonl.as_deref())?;
@@ -293,6 +319,9 @@ pub struct ServeArgs {
     /// Largest request body in MiB (beyond that: 413).
     #[arg(long, default_value_t = 16)]
     pub body_limit_mb: usize,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Expert store settings.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -307,6 +336,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         max_tokens: a.max_tokens.max(1),
         queue: a.queue,
         body_limit: a.body_limit_mb.max(1) << 20,
+        speculation: a.spec.speculation(),
         ..Default::default()
     };
     let state = deltafin::server::AppState::new(engine, cfg);
