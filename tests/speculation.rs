@@ -333,3 +333,103 @@ fn sampled_speculation_keeps_the_distribution() {
     eprintln!("chi-square {chi:.2} over {bins} bins (critical {crit:.1}), {accepted} accepted");
     assert!(chi < crit, "chi-square {chi} ≥ {crit}");
 }
+
+/// A draft model that knows a text: it continues its input with what follows the input's last
+/// 24 characters in the text (through text only, as a model with another tokenizer would).
+struct Book(String);
+
+impl deltafin::generate::TextModel for Book {
+    fn continue_text(&mut self, text: &str, max_tokens: usize) -> String {
+        let tail: String = {
+            let c: Vec<char> = text.chars().collect();
+            c[c.len().saturating_sub(24)..].iter().collect()
+        };
+        match self.0.rfind(&tail) {
+            Some(i) => self.0[i + tail.len()..]
+                .chars()
+                .take(4 * max_tokens)
+                .collect(),
+            None => String::new(),
+        }
+    }
+}
+
+/// The draft-model plumbing: a text continuation is re-tokenised with K3's tokenizer into the
+/// ids that follow the context, and generation with it emits plain decoding's ids.
+#[test]
+fn text_drafter_maps_through_text() {
+    use deltafin::generate::{TextDrafter, TextModel};
+    let dir = deltafin::assets::k3_tiny().unwrap();
+    let engine = deltafin::Engine::open(&dir, &Default::default()).unwrap();
+    let tok = std::sync::Arc::new(deltafin::tokenizer::Tokenizer::from_dir(&dir).unwrap());
+    let m = engine.model();
+    let prompt = tok.encode_ordinary("It is a truth universally acknowledged, that a single man");
+    // Proposal = K3's tokens of the continuation text.
+    let mut d = TextDrafter::new(
+        Book("It is a truth universally acknowledged, that a single man in possession".into()),
+        tok.clone(),
+    );
+    let got = d.propose(&prompt, 8);
+    let whole = tok
+        .encode_ordinary("It is a truth universally acknowledged, that a single man in possession");
+    assert_eq!(
+        got[..],
+        whole[prompt.len()..(prompt.len() + 8).min(whole.len())]
+    );
+    assert!(TextDrafter::new(Book(String::new()), tok.clone())
+        .propose(&prompt, 8)
+        .is_empty());
+    // End to end: the plain run's own text as the book; drafts accepted, output unchanged.
+    let off = generate(m, &prompt, 64, Speculation::OFF, None);
+    let mut all = prompt.clone();
+    all.extend(&off.generated_ids);
+    let mut book = Book(tok.decode(&all));
+    assert!(!book.continue_text(&tok.decode(&prompt), 4).is_empty());
+    let mut d = TextDrafter::new(book, tok.clone());
+    let opts = GenerateOptions {
+        max_new: 64,
+        stop_ids: vec![],
+        speculation: NGRAM,
+    };
+    let no = AtomicBool::new(false);
+    let on = Generator::new(m)
+        .generate_drafted(
+            &mut m.new_state(),
+            &prompt,
+            &opts,
+            &no,
+            &mut |l: &[f32]| deltafin::generate::argmax(l),
+            &mut d,
+            |_| {},
+        )
+        .unwrap();
+    assert_eq!(on.generated_ids, off.generated_ids);
+    assert!(on.spec.accepted > 20, "{:?}", on.spec);
+}
+
+/// The rollback record's size: `(6·P + H)·4` bytes per verified row per KDA layer, 19.4 MiB at
+/// K3's full shape (69 KDA layers, P = 12,288, H = 96), and what a pass really holds on K3-nano.
+#[test]
+fn rollback_bytes_per_row() {
+    let full = deltafin::K3Config::from_json(
+        &deltafin::checkpoint::fixture::full::k3_config().to_string(),
+    )
+    .unwrap();
+    let per_row = deltafin::model::verify::bytes_per_row(&full);
+    assert_eq!(per_row, 69 * 4 * (6 * 12_288 + 96));
+    eprintln!(
+        "K3: {per_row} bytes ({:.2} MiB) per verified row",
+        per_row as f64 / (1 << 20) as f64
+    );
+    let m = K3Model::from_dir(&common::nano(), &Device::Cpu).unwrap();
+    let mut st = m.new_state();
+    m.forward(&[1, 2, 3], &mut st).unwrap();
+    let (_, rb9) = m
+        .verify(&[4, 5, 6, 7, 8, 9, 10, 11, 12], &mut st.clone(), None)
+        .unwrap();
+    let (_, rb1) = m.verify(&[4], &mut st.clone(), None).unwrap();
+    // Eight more rows hold eight rows' worth (the pre-pass conv window is in both).
+    let nano_row = deltafin::model::verify::bytes_per_row(m.config());
+    assert_eq!(rb9.bytes() - rb1.bytes(), 8 * nano_row);
+    assert_eq!((rb9.rows(), rb1.rows()), (9, 1));
+}

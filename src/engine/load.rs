@@ -75,7 +75,8 @@ pub fn state_bytes(cfg: &K3Config) -> (u64, u64) {
 
 /// Activations of one prefill chunk of `chunk` positions (f32), a generous upper estimate: the
 /// widest projections of each layer kind live at once, MLA's per-thread partial contexts, and
-/// the logits.
+/// the logits; or of a verify pass of the deepest speculation with its rollback record, when
+/// that is larger.
 pub fn activation_bytes(cfg: &K3Config, chunk: usize) -> u64 {
     let t = cfg.text();
     let la = &t.linear_attn_config;
@@ -90,7 +91,14 @@ pub fn activation_bytes(cfg: &K3Config, chunk: usize) -> u64 {
         + nh * t.kv_lora_rank * (2 + threads)
         + 2 * nh * t.v_head_dim
         + 4 * t.routed_expert_hidden_size * t.num_experts_per_token;
-    4 * (chunk * per_row + 2 * t.vocab_size) as u64
+    let prefill = 4 * (chunk * per_row + 2 * t.vocab_size) as u64;
+    // A verify pass (speculative decoding): fewer rows, but its rollback record lives for the
+    // whole pass, every row's logits are kept, and one KDA state is copied per layer.
+    let rows = crate::generate::spec::MAX_DEPTH + 1;
+    let verify = 4
+        * (rows * per_row + rows * t.vocab_size + la.num_heads * la.head_dim * la.head_dim)
+        + rows * crate::model::verify::bytes_per_row(cfg);
+    prefill.max(verify as u64)
 }
 
 /// The memory plan for the checkpoint `inv` of `cfg` in `dir` on `device`.

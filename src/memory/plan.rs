@@ -114,7 +114,10 @@ impl MemoryPlan {
             ),
             ("small tensors (norms, conv, gates)".into(), i.small_bytes),
             ("lm_head and tail".into(), i.global_bytes * copies),
-            ("prefill activations (one chunk)".into(), i.activation_bytes),
+            (
+                "activations (a prefill chunk or a verify pass)".into(),
+                i.activation_bytes,
+            ),
             (
                 format!("expert reads in flight ({} experts)", i.expert_batch),
                 i.expert_batch as u64 * i.expert_bytes,

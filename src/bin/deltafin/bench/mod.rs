@@ -4,6 +4,7 @@ pub mod dense;
 pub mod experts;
 pub mod forward;
 pub mod mapped;
+pub mod speculate;
 pub mod spine;
 
 use std::time::Instant;

@@ -58,6 +58,32 @@ pub enum BenchKind {
         /// read, and the floor of the same work at the bandwidths measured in the same run.
         #[arg(long)]
         breakdown: bool,
+        /// Instead: ms per emitted token with speculative decoding on (`--spec-mode`) and off,
+        /// interleaved, on a repetitive and a non-repetitive prompt (or `--text` prompts), with
+        /// tokens per pass and acceptance; fails if the outputs differ.
+        #[arg(long)]
+        speculate: bool,
+        /// With `--speculate`: the mode measured against off (auto or ngram).
+        #[arg(long, default_value = "auto")]
+        spec_mode: deltafin::generate::SpecMode,
+        /// With `--speculate`: most drafts per pass.
+        #[arg(long, default_value_t = 8)]
+        spec_depth: usize,
+        /// With `--speculate`: prompts from this text file instead (up to 10 windows of
+        /// `--prompt-len` tokens, spread over the file; needs the model's tokenizer).
+        #[arg(long)]
+        text: Option<PathBuf>,
+        /// Pin no spine layer (every layer streamed through the template buffers).
+        #[arg(long)]
+        stream_spine: bool,
+        /// Drop the model's files from the page cache at the start of every pass (reads come
+        /// from the disk, as on a machine smaller than the model).
+        #[arg(long)]
+        cold_spine: bool,
+        /// With `--speculate`: also time the plain run's own continuation as drafts (every
+        /// draft right; the bound of the verify pass, not a drafter).
+        #[arg(long)]
+        oracle_drafts: bool,
     },
     /// Spine GEMV (row-int8 and BF16, one input row) on K3-size matrices vs the measured memory
     /// read bandwidth.
@@ -126,13 +152,45 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             device,
             context,
             breakdown,
+            speculate,
+            spec_mode,
+            spec_depth,
+            text,
+            stream_spine,
+            cold_spine,
+            oracle_drafts,
         } => {
             let device = deltafin::compute::device::select(device)?;
             println!("device={}", deltafin::compute::device::describe(&device));
+            let load = deltafin::engine::LoadOptions {
+                resident_cap: stream_spine.then_some(0),
+                ..Default::default()
+            };
             let mut model =
-                deltafin::K3Model::open_with(&model_root, &device, &Default::default(), |p| {
-                    eprintln!("{p}")
-                })?;
+                deltafin::K3Model::open_with(&model_root, &device, &load, |p| eprintln!("{p}"))?;
+            if speculate {
+                let vocab = model.config().text().vocab_size as u32;
+                let len = prompt_len.max(2);
+                let prompts = match &text {
+                    Some(t) => text_prompts(&model_root, t, len)?,
+                    None => crate::bench::speculate::synthetic_prompts(vocab, len),
+                };
+                let o = crate::bench::speculate::SpecBenchOptions {
+                    decode: decode.max(2),
+                    runs,
+                    spec: deltafin::generate::Speculation {
+                        mode: spec_mode,
+                        depth: spec_depth.clamp(1, deltafin::generate::spec::MAX_DEPTH),
+                    },
+                    prompts,
+                    cold: cold_spine,
+                    oracle: oracle_drafts,
+                };
+                return crate::bench::speculate::spec_bench(&mut model, &model_root, &o, |l| {
+                    println!("{l}")
+                })
+                .map_err(Into::into);
+            }
             if !context.is_empty() {
                 let most = context.iter().max().copied().unwrap_or(0);
                 model.set_context_limit(most + runs + 2);
@@ -194,4 +252,31 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Up to 10 prompts of `len` tokens spread over a text file, tokenised with the model's
+/// tokenizer.
+fn text_prompts(
+    root: &std::path::Path,
+    text: &std::path::Path,
+    len: usize,
+) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(root)?;
+    let s = std::fs::read_to_string(text)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", text.display()))?;
+    let ids = tok.encode_ordinary(&s);
+    if ids.len() < len {
+        anyhow::bail!(
+            "{} holds {} tokens, fewer than --prompt-len {len}",
+            text.display(),
+            ids.len()
+        );
+    }
+    let n = 10.min(ids.len() / len);
+    Ok((0..n)
+        .map(|i| {
+            let at = (ids.len() - len) * i / n.max(1);
+            (format!("text_{i}"), ids[at..at + len].to_vec())
+        })
+        .collect())
 }

@@ -90,6 +90,31 @@ impl SpecArgs {
     }
 }
 
+/// What speculation did in a run, per decode pass and per emitted token: drafts proposed and
+/// accepted, tokens per pass, spine and expert bytes read per emitted token.
+fn spec_report(
+    model: &deltafin::K3Model,
+    gen: &deltafin::Generation,
+    args: &SpecArgs,
+    after_prefill: deltafin::experts::ExpertStats,
+) -> serde_json::Value {
+    let s = &gen.spec;
+    let emitted = s.emitted.max(1) as f64;
+    let d = model
+        .expert_stats()
+        .unwrap_or_default()
+        .since(&after_prefill);
+    let spine = model.spine().report().bytes_read_per_token as f64 * s.passes as f64;
+    serde_json::json!({
+        "mode": args.speculate, "depth": args.spec_depth, "passes": s.passes,
+        "verify_passes": s.verify_passes, "drafted": s.drafted, "accepted": s.accepted,
+        "tokens_per_pass": s.tokens_per_pass(),
+        "spine_bytes_per_token": spine / emitted,
+        "expert_bytes_per_token": (d.shard_bytes + d.disk_bytes + d.hub_bytes) as f64 / emitted,
+        "rollback_bytes_max": s.rollback_bytes,
+    })
+}
+
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
@@ -185,12 +210,15 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             }
         }
     };
+    // Expert reads from the first token on (the prefill's are not the decode's).
+    let mut after_prefill = None;
     let gen = session.generate(
         &prompt_ids,
         &gen_opts,
         &cancel,
         &mut |l: &[f32]| argmax(l),
         |id| {
+            after_prefill.get_or_insert_with(|| model.expert_stats().unwrap_or_default());
             report.token(model, id, tok.map(|t| t.decode(&[id])));
             if !a.json {
                 match &tok {
@@ -207,6 +235,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     }
     let mut events = report.finish()?;
     let decode_steps = gen.generated_ids.len().saturating_sub(1).max(1);
+    let spec = spec_report(model, &gen, &a.spec, after_prefill.unwrap_or_default());
     events.emit(
         "end",
         serde_json::json!({
@@ -215,6 +244,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "prefill_ms": gen.prefill_ms,
             "decode_ms_per_token": gen.decode_ms / decode_steps as f64,
             "experts": model.expert_stats(),
+            "speculation": spec,
             "memory": super::store::memory_report(model),
         }),
     )?;
@@ -237,6 +267,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "generated_ids": gen.generated_ids,
             "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
             "stop": gen.stop,
+            "speculation": spec,
             "memory": super::store::memory_report(model),
         });
         println!("{v}");
@@ -267,6 +298,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         if let Some(s) = model.expert_stats() {
             eprintln!("total: {}", serde_json::to_string(&s)?);
         }
+        eprintln!("speculation: {spec}");
         if let Some(r) = &reuse {
             let t = model.config().text();
             let layers: Vec<String> = r

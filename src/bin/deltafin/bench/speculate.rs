@@ -1,0 +1,209 @@
+//! `bench forward --speculate`: ms per emitted token with speculative decoding on and off,
+//! interleaved (off-on, then on-off, alternately), on a repetitive and a non-repetitive prompt (or on text
+//! prompts with `--text`), with tokens per pass and acceptance. Every "on" run must emit the
+//! same ids as the "off" run next to it, or the bench fails. With `--cold-spine` every pass
+//! starts with the model's files dropped from the page cache, so the streamed spine is read
+//! from the disk each pass, as on a machine smaller than the model. `--oracle-drafts` also
+//! times the plain run's own continuation as drafts: the bound when every draft is right.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use super::Stats;
+use deltafin::generate::{Drafter, Generation, Speculation};
+use deltafin::model::{Event, Observer};
+use deltafin::{Error, GenerateOptions, Generator, K3Model, Result};
+
+/// Drops every file of a model directory from the page cache at the start of each pass.
+struct ColdFiles(Vec<std::path::PathBuf>);
+
+impl Observer for ColdFiles {
+    fn on(&self, _layer: usize, event: &Event<'_>) {
+        if matches!(event, Event::PassStart { .. }) {
+            for p in &self.0 {
+                let _ = deltafin::experts::disk::drop_from_page_cache_all(p);
+            }
+        }
+    }
+}
+
+fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
+    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let p = e.map_err(|e| Error::io(dir, e))?.path();
+        if p.is_dir() {
+            files_under(&p, out)?;
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Settings of the speculation bench.
+pub struct SpecBenchOptions {
+    /// Tokens decoded per run.
+    pub decode: usize,
+    /// Timed pairs (off, on) per prompt.
+    pub runs: usize,
+    /// The speculation measured against off.
+    pub spec: Speculation,
+    /// Named prompts (ids).
+    pub prompts: Vec<(String, Vec<u32>)>,
+    /// Drop the model's files from the page cache at each pass.
+    pub cold: bool,
+    /// Also time the plain run's own continuation as drafts (every draft right): the bound.
+    pub oracle: bool,
+}
+
+/// The two synthetic prompts: a period-8 cycle of ids, and pseudo-random ids.
+pub fn synthetic_prompts(vocab: u32, len: usize) -> Vec<(String, Vec<u32>)> {
+    let cycle: Vec<u32> = (0..len as u32).map(|i| (i % 8) * 37 % vocab + 3).collect();
+    let random: Vec<u32> = (0..len as u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 7) % vocab)
+        .collect();
+    vec![
+        ("repetitive".into(), cycle),
+        ("non_repetitive".into(), random),
+    ]
+}
+
+fn run_once(m: &K3Model, prompt: &[u32], decode: usize, spec: Speculation) -> Result<Generation> {
+    let opts = GenerateOptions {
+        max_new: decode,
+        stop_ids: vec![],
+        speculation: spec,
+    };
+    let no = AtomicBool::new(false);
+    Generator::new(m).generate(&mut m.new_state(), prompt, &opts, &no, |_| {})
+}
+
+/// Proposes the plain run's own continuation: every draft right. Not a real drafter: it bounds
+/// what the verify pass gives when drafts are accepted (the pass economics alone).
+struct Oracle(Vec<u32>);
+
+impl Drafter for Oracle {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        self.0.iter().skip(context.len()).take(k).copied().collect()
+    }
+}
+
+fn run_oracle(m: &K3Model, prompt: &[u32], off: &Generation, depth: usize) -> Result<Generation> {
+    let opts = GenerateOptions {
+        max_new: off.generated_ids.len(),
+        stop_ids: vec![],
+        speculation: Speculation {
+            mode: deltafin::generate::SpecMode::Ngram,
+            depth,
+        },
+    };
+    let mut reference = prompt.to_vec();
+    reference.extend(&off.generated_ids);
+    let no = AtomicBool::new(false);
+    let mut greedy = |l: &[f32]| deltafin::generate::argmax(l);
+    Generator::new(m).generate_drafted(
+        &mut m.new_state(),
+        prompt,
+        &opts,
+        &no,
+        &mut greedy,
+        &mut Oracle(reference),
+        |_| {},
+    )
+}
+
+/// Runs the bench, one JSON line per run and one summary per prompt.
+pub fn spec_bench(
+    model: &mut K3Model,
+    root: &Path,
+    o: &SpecBenchOptions,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    if o.cold {
+        let mut files = Vec::new();
+        files_under(root, &mut files)?;
+        model.observe(Arc::new(ColdFiles(files)));
+    }
+    let r = model.spine().report();
+    emit(
+        serde_json::json!({"figure": "spec_setup", "spine_layers_streamed": r.layers_streamed,
+        "spine_bytes_read_per_pass": r.bytes_read_per_token, "cold_spine": o.cold,
+        "mode": o.spec.mode, "depth": o.spec.depth, "decode": o.decode,
+        "rollback_bytes_per_row_at_this_shape": deltafin::model::verify::bytes_per_row(model.config())}),
+    );
+    for (name, prompt) in &o.prompts {
+        run_once(model, prompt, o.decode.min(4), Speculation::OFF)?; // warm-up
+        let (mut off_ms, mut on_ms, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut oracle_ratios, mut oracle_tpp) = (Vec::<f64>::new(), 0.0);
+        let (mut passes, mut emitted, mut drafted, mut accepted) = (0, 0, 0, 0);
+        let mut rollback = 0;
+        for run in 0..o.runs.max(1) {
+            // ABBA order: odd runs measure "on" first, so neither side always runs second.
+            let (off, on) = if run % 2 == 0 {
+                let off = run_once(model, prompt, o.decode, Speculation::OFF)?;
+                (off, run_once(model, prompt, o.decode, o.spec)?)
+            } else {
+                let on = run_once(model, prompt, o.decode, o.spec)?;
+                (run_once(model, prompt, o.decode, Speculation::OFF)?, on)
+            };
+            if on.generated_ids != off.generated_ids {
+                return Err(Error::Msg(format!(
+                    "prompt {name}, run {run}: speculation changed the output"
+                )));
+            }
+            let per = |g: &Generation| {
+                g.decode_ms / g.generated_ids.len().saturating_sub(1).max(1) as f64
+            };
+            let (a, b) = (per(&off), per(&on));
+            if o.oracle {
+                let or = run_oracle(model, prompt, &off, o.spec.depth)?;
+                if or.generated_ids != off.generated_ids {
+                    return Err(Error::Msg(format!(
+                        "prompt {name}: oracle drafts changed the output"
+                    )));
+                }
+                emit(
+                    serde_json::json!({"figure": "spec_oracle_run", "prompt": name, "run": run,
+                    "off_ms_per_token": a, "oracle_ms_per_token": per(&or), "ratio": per(&or) / a,
+                    "tokens_per_pass": or.spec.tokens_per_pass()}),
+                );
+                oracle_ratios.push(per(&or) / a);
+                oracle_tpp = or.spec.tokens_per_pass();
+            }
+            emit(
+                serde_json::json!({"figure": "spec_run", "prompt": name, "run": run,
+                "off_ms_per_token": a, "on_ms_per_token": b, "ratio": b / a,
+                "tokens_per_pass": on.spec.tokens_per_pass(), "drafted": on.spec.drafted,
+                "accepted": on.spec.accepted, "identical": true}),
+            );
+            off_ms.push(a);
+            on_ms.push(b);
+            ratios.push(b / a);
+            passes += on.spec.passes;
+            emitted += on.spec.emitted;
+            drafted += on.spec.drafted;
+            accepted += on.spec.accepted;
+            rollback = rollback.max(on.spec.rollback_bytes);
+        }
+        let (f, n, q) = (Stats::of(off_ms), Stats::of(on_ms), Stats::of(ratios));
+        emit(
+            serde_json::json!({"figure": "spec_summary", "prompt": name, "runs": o.runs.max(1),
+            "off_ms_per_token": {"median": f.median, "min": f.min, "max": f.max},
+            "on_ms_per_token": {"median": n.median, "min": n.min, "max": n.max},
+            "on_to_off_ratio": {"median": q.median, "min": q.min, "max": q.max},
+            "tokens_per_pass": emitted as f64 / passes.max(1) as f64,
+            "acceptance": accepted as f64 / drafted.max(1) as f64,
+            "drafted": drafted, "accepted": accepted, "rollback_bytes_max": rollback}),
+        );
+        if !oracle_ratios.is_empty() {
+            let r = Stats::of(oracle_ratios);
+            emit(
+                serde_json::json!({"figure": "spec_oracle_summary", "prompt": name,
+                "oracle_to_off_ratio": {"median": r.median, "min": r.min, "max": r.max},
+                "tokens_per_pass": oracle_tpp}),
+            );
+        }
+    }
+    model.clear_observers();
+    Ok(())
+}
