@@ -317,6 +317,7 @@ impl deltafin::model::Observer for Recorder {
             Event::Routes(r) => format!("routes {}", r.len()),
             Event::Ffn(t) => format!("ffn {:?}", t.dims()),
             Event::LayerDone(t) => format!("done {:?}", t.dims()),
+            Event::Kept { rows } => format!("kept {rows}"),
             Event::PassEnd => "end".into(),
         };
         self.0.lock().unwrap().push((layer, name));

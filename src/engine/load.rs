@@ -95,9 +95,11 @@ pub fn activation_bytes(cfg: &K3Config, chunk: usize) -> u64 {
     // A verify pass (speculative decoding): fewer rows, but its rollback record lives for the
     // whole pass, every row's logits are kept, and one KDA state is copied per layer.
     let rows = crate::generate::spec::MAX_DEPTH + 1;
+    // Logits twice (the tensor and the host rows the chooser reads).
     let verify = 4
-        * (rows * per_row + rows * t.vocab_size + la.num_heads * la.head_dim * la.head_dim)
-        + rows * crate::model::verify::bytes_per_row(cfg);
+        * (rows * per_row + 2 * rows * t.vocab_size + la.num_heads * la.head_dim * la.head_dim)
+        + rows * crate::model::verify::bytes_per_row(cfg)
+        + crate::model::verify::fixed_bytes(cfg);
     prefill.max(verify as u64)
 }
 

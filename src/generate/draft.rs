@@ -78,8 +78,8 @@ pub trait TextModel: Send {
 
 /// Adapts a `TextModel` to K3's tokens: the last `window` context tokens are decoded to text,
 /// the draft continues it, and the continuation is re-tokenised with K3's tokenizer together
-/// with the context text; the ids after the re-tokenised context are the proposal, cut where
-/// the re-tokenised context stops matching (a token that straddles the boundary is dropped).
+/// with the context text; the ids after the re-tokenised context are the proposal. When the
+/// context's own text tokenises differently once continued, nothing is proposed.
 pub struct TextDrafter<M: TextModel> {
     model: M,
     tokenizer: Arc<Tokenizer>,

@@ -160,7 +160,13 @@ impl<'m> Generator<'m> {
         out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         out.first_step_top = top_k(&logits, 10);
         let t1 = Instant::now();
-        let mut ctl = DepthController::new(opts.speculation);
+        // Expanded MLA (the reference form) is not row-independent: no verify passes there.
+        let spec = match self.model.options.mla {
+            crate::model::MlaMode::Compact => opts.speculation,
+            crate::model::MlaMode::Expanded => spec::Speculation::OFF,
+        };
+        let mut ctl = DepthController::new(spec);
+        let vocab = self.model.config().text().vocab_size;
         let mut context = prompt.to_vec();
         let limit = self.model.context_limit();
         // The rows of the last pass, the drafts fed after its first row, and its rollback.
@@ -193,7 +199,7 @@ impl<'m> Generator<'m> {
                 let rb: crate::model::Rollback = rb;
                 out.spec.rollback_bytes = out.spec.rollback_bytes.max(rb.bytes());
                 // The state holds every emitted token but the last.
-                rb.keep(state, emitted)?;
+                self.model.keep(rb, state, emitted)?;
             }
             if !first {
                 let compared =
@@ -216,7 +222,9 @@ impl<'m> Generator<'m> {
             let k = ctl.depth().min(room - 1);
             drafts = if k > 0 {
                 let mut d = drafter.propose(&context, k);
-                d.truncate(k);
+                // A draft outside the vocabulary (another tokenizer) ends the proposal.
+                let ok = d.iter().take_while(|&&t| (t as usize) < vocab).count();
+                d.truncate(k.min(ok));
                 d
             } else {
                 Vec::new()

@@ -284,6 +284,14 @@ impl K3Model {
         Ok((self.tail(&h)?, rb))
     }
 
+    /// Keeps the first `rows` positions of a verify pass (`Rollback::keep`) and tells the
+    /// observers (`Event::Kept`), so a router trace drops the rejected drafts' routes.
+    pub fn keep(&self, rb: super::Rollback, state: &mut SeqState, rows: usize) -> Result<()> {
+        rb.keep(state, rows)?;
+        self.observers.on(0, &Event::Kept { rows });
+        Ok(())
+    }
+
     /// Final norm and `lm_head` over every row of `h` `[T, H]`: logits `[T, V]`.
     fn tail(&self, h: &Tensor) -> Result<Tensor> {
         let x = rms_norm(h, &self.final_norm, self.cfg.text().rms_norm_eps)?;

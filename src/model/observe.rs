@@ -42,6 +42,12 @@ pub enum Event<'a> {
     LayerDone(&'a Tensor),
     /// The pass is over (the tail runs next).
     PassEnd,
+    /// A verify pass (speculative decoding) kept its first `rows` positions; the others were
+    /// rejected drafts and are no longer in the sequence.
+    Kept {
+        /// Positions kept.
+        rows: usize,
+    },
 }
 
 /// Something that watches forward passes. `layer` is the layer an event belongs to (0 for

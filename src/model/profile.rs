@@ -126,7 +126,7 @@ impl Observer for LayerProfile {
                 let t = c.cur.clone();
                 c.done.push(t);
             }
-            Event::Routes(_) | Event::PassEnd => {}
+            Event::Routes(_) | Event::PassEnd | Event::Kept { .. } => {}
         }
     }
 }

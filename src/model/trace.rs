@@ -16,7 +16,7 @@ pub struct RouterTrace {
     path: PathBuf,
     out: Mutex<BufWriter<File>>,
     /// The pass being collected: its first position and routes so far.
-    pass: Mutex<(usize, RouteTrace)>,
+    pass: Mutex<PassRoutes>,
     /// The first write error, reported by `flush`.
     failed: Mutex<Option<Error>>,
 }
@@ -28,7 +28,7 @@ impl RouterTrace {
         Ok(RouterTrace {
             path: path.to_path_buf(),
             out: Mutex::new(BufWriter::new(f)),
-            pass: Mutex::new((0, Vec::new())),
+            pass: Mutex::new(PassRoutes::default()),
             failed: Mutex::new(None),
         })
     }
@@ -66,6 +66,8 @@ impl RouterTrace {
 
     /// Flushes buffered lines; reports the first error a pass's write met.
     pub fn flush(&self) -> Result<()> {
+        let done = self.pass.lock().ok().and_then(|mut p| p.done.take());
+        self.write_pending(done, usize::MAX);
         if let Some(e) = self.failed.lock().ok().and_then(|mut f| f.take()) {
             return Err(e);
         }
@@ -77,22 +79,46 @@ impl RouterTrace {
     }
 }
 
+/// The routes of the pass in progress and of the last finished one, not yet written.
+#[derive(Default)]
+struct PassRoutes {
+    first: usize,
+    routes: RouteTrace,
+    done: Option<(usize, RouteTrace)>,
+}
+
+impl RouterTrace {
+    /// Writes the first `rows` positions of a finished pass.
+    fn write_pending(&self, done: Option<(usize, RouteTrace)>, rows: usize) {
+        let Some((first, mut routes)) = done else {
+            return;
+        };
+        for (_, r) in &mut routes {
+            r.truncate(rows);
+        }
+        if let Err(e) = self.write(first, &routes) {
+            if let Ok(mut f) = self.failed.lock() {
+                f.get_or_insert(e);
+            }
+        }
+    }
+}
+
 impl Observer for RouterTrace {
     fn on(&self, layer: usize, event: &Event<'_>) {
         let Ok(mut pass) = self.pass.lock() else {
             return;
         };
         match event {
-            Event::PassStart { first_pos, .. } => *pass = (*first_pos, Vec::new()),
-            Event::Routes(r) => pass.1.push((layer, r.to_vec())),
-            Event::PassEnd => {
-                let (first, routes) = std::mem::take(&mut *pass);
-                if let Err(e) = self.write(first, &routes) {
-                    if let Ok(mut f) = self.failed.lock() {
-                        f.get_or_insert(e);
-                    }
-                }
+            Event::PassStart { first_pos, .. } => {
+                self.write_pending(pass.done.take(), usize::MAX);
+                pass.first = *first_pos;
             }
+            Event::Routes(r) => pass.routes.push((layer, r.to_vec())),
+            // Held until the next pass, `Kept` or `flush`: a verify pass's rejected drafts
+            // never reach the file.
+            Event::PassEnd => pass.done = Some((pass.first, std::mem::take(&mut pass.routes))),
+            Event::Kept { rows } => self.write_pending(pass.done.take(), *rows),
             _ => {}
         }
     }

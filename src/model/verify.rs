@@ -165,15 +165,28 @@ impl Rollback {
     }
 }
 
-/// Bytes a verify pass records per row at a model's shape (KDA layers only; MLA appends its
-/// latent rows to the cache as any step does): `(6·P + H)·4` per KDA layer.
-pub fn bytes_per_row(cfg: &crate::config::K3Config) -> usize {
+/// The KDA layers of a model and their `(P, H, W)`: projected width, heads, conv width.
+fn kda_shape(cfg: &crate::config::K3Config) -> (usize, usize, usize, usize) {
     let la = &cfg.text().linear_attn_config;
-    let p = la.num_heads * la.head_dim;
     let kda = cfg
         .schedule
         .iter()
         .filter(|k| k.attn == crate::config::AttnKind::Kda)
         .count();
-    kda * 4 * (6 * p + la.num_heads)
+    let p = la.num_heads * la.head_dim;
+    (kda, p, la.num_heads, la.short_conv_kernel_size)
+}
+
+/// Bytes a verify pass records per row at a model's shape (KDA layers only; MLA appends its
+/// latent rows to the cache as any step does): `(6·P + H)·4` per KDA layer.
+pub fn bytes_per_row(cfg: &crate::config::K3Config) -> usize {
+    let (kda, p, h, _) = kda_shape(cfg);
+    kda * 4 * (6 * p + h)
+}
+
+/// Bytes a verify pass records once, whatever its rows: the conv windows from before the pass,
+/// `3·(W−1)·P·4` per KDA layer.
+pub fn fixed_bytes(cfg: &crate::config::K3Config) -> usize {
+    let (kda, p, _, w) = kda_shape(cfg);
+    kda * 4 * 3 * w.saturating_sub(1) * p
 }

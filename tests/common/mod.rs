@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 
 pub mod reference;
+pub mod spec;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

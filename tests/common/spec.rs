@@ -1,0 +1,122 @@
+//! Helpers of the speculation tests: bitwise state equality, generation with a speculation
+//! setting, and a scripted drafter.
+
+use std::sync::atomic::AtomicBool;
+
+use deltafin::generate::sample::Sampler;
+use deltafin::generate::{Drafter, SpecMode, Speculation};
+use deltafin::model::state::LayerState;
+use deltafin::{GenerateOptions, Generation, Generator, K3Model, SeqState};
+
+/// Bitwise state equality (positions, KDA conv windows and matrices, MLA caches).
+pub fn same_state(a: &SeqState, b: &SeqState, what: &str) {
+    assert_eq!(a.pos, b.pos, "{what}: positions");
+    for (l, (x, y)) in a.layers.iter().zip(&b.layers).enumerate() {
+        match (x, y) {
+            (LayerState::Kda(x), LayerState::Kda(y)) => {
+                assert!(x.s == y.s, "{what}: layer {l} KDA state differs");
+                assert!(
+                    x.conv == y.conv,
+                    "{what}: layer {l} KDA conv window differs"
+                );
+            }
+            (LayerState::Mla(x), LayerState::Mla(y)) => {
+                assert!(
+                    x.cache.rows() == y.cache.rows(),
+                    "{what}: layer {l} MLA cache"
+                );
+            }
+            _ => panic!("{what}: layer {l} kinds differ"),
+        }
+    }
+}
+
+pub fn generate(
+    m: &K3Model,
+    prompt: &[u32],
+    max_new: usize,
+    spec: Speculation,
+    sampler: Option<Sampler>,
+) -> Generation {
+    let opts = GenerateOptions {
+        max_new,
+        stop_ids: vec![],
+        speculation: spec,
+    };
+    let no = AtomicBool::new(false);
+    let mut s = sampler.unwrap_or_else(|| Sampler::new(0.0, 1.0, 0));
+    Generator::new(m)
+        .generate_with(
+            &mut m.new_state(),
+            prompt,
+            &opts,
+            &no,
+            &mut |l: &[f32]| s.choose(l),
+            |_| {},
+        )
+        .unwrap()
+}
+
+/// Proposes the reference continuation (plain decoding's output), with one draft in `every`
+/// corrupted: partial acceptance at every depth.
+pub struct Script {
+    pub reference: Vec<u32>,
+    pub every: usize,
+    pub n: usize,
+}
+
+impl Drafter for Script {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        let at = context.len();
+        let mut d: Vec<u32> = self.reference.iter().skip(at).take(k).copied().collect();
+        for x in d.iter_mut() {
+            self.n += 1;
+            if self.n.is_multiple_of(self.every) {
+                *x = (*x + 1) % 64;
+            }
+        }
+        d
+    }
+}
+
+pub fn scripted(m: &K3Model, prompt: &[u32], off: &Generation, every: usize) -> Generation {
+    scripted_with(m, prompt, off, every, Sampler::new(0.0, 1.0, 0))
+}
+
+pub fn scripted_with(
+    m: &K3Model,
+    prompt: &[u32],
+    off: &Generation,
+    every: usize,
+    mut sampler: Sampler,
+) -> Generation {
+    let opts = GenerateOptions {
+        max_new: off.generated_ids.len(),
+        stop_ids: vec![],
+        speculation: NGRAM,
+    };
+    let mut reference = prompt.to_vec();
+    reference.extend(&off.generated_ids);
+    let mut d = Script {
+        reference,
+        every,
+        n: 0,
+    };
+    let no = AtomicBool::new(false);
+    Generator::new(m)
+        .generate_drafted(
+            &mut m.new_state(),
+            prompt,
+            &opts,
+            &no,
+            &mut |l: &[f32]| sampler.choose(l),
+            &mut d,
+            |_| {},
+        )
+        .unwrap()
+}
+
+pub const NGRAM: Speculation = Speculation {
+    mode: SpecMode::Ngram,
+    depth: 8,
+};
