@@ -171,11 +171,7 @@ fn rollback_bytes_per_row() {
     // One row: the pre-pass conv windows and that row's raw q, k, v (3·P per KDA layer).
     let cfg = m.config();
     let la = &cfg.text().linear_attn_config;
-    let kda = cfg
-        .schedule
-        .iter()
-        .filter(|k| k.attn == deltafin::config::AttnKind::Kda)
-        .count();
+    let kda = deltafin::model::verify::kda_layers(cfg);
     let fixed = deltafin::model::verify::fixed_bytes(cfg);
     assert_eq!(
         rb1.bytes(),

@@ -165,16 +165,19 @@ impl Rollback {
     }
 }
 
+/// How many layers of a model are KDA layers.
+pub fn kda_layers(cfg: &crate::config::K3Config) -> usize {
+    cfg.schedule
+        .iter()
+        .filter(|k| k.attn == crate::config::AttnKind::Kda)
+        .count()
+}
+
 /// The KDA layers of a model and their `(P, H, W)`: projected width, heads, conv width.
 fn kda_shape(cfg: &crate::config::K3Config) -> (usize, usize, usize, usize) {
     let la = &cfg.text().linear_attn_config;
-    let kda = cfg
-        .schedule
-        .iter()
-        .filter(|k| k.attn == crate::config::AttnKind::Kda)
-        .count();
     let p = la.num_heads * la.head_dim;
-    (kda, p, la.num_heads, la.short_conv_kernel_size)
+    (kda_layers(cfg), p, la.num_heads, la.short_conv_kernel_size)
 }
 
 /// Bytes a verify pass records per row at a model's shape (KDA layers only; MLA appends its

@@ -31,6 +31,7 @@ pub fn same_state(a: &SeqState, b: &SeqState, what: &str) {
     }
 }
 
+/// Greedy (or `sampler`) generation of `max_new` tokens with `spec` and the n-gram drafter.
 pub fn generate(
     m: &K3Model,
     prompt: &[u32],
@@ -38,20 +39,34 @@ pub fn generate(
     spec: Speculation,
     sampler: Option<Sampler>,
 ) -> Generation {
+    let s = sampler.unwrap_or_else(|| Sampler::new(0.0, 1.0, 0));
+    let d = &mut deltafin::generate::NgramDrafter::default();
+    drafted(m, prompt, max_new, spec, s, d)
+}
+
+/// Generation with `drafter` and `sampler`, no stop token.
+pub fn drafted(
+    m: &K3Model,
+    prompt: &[u32],
+    max_new: usize,
+    speculation: Speculation,
+    mut sampler: Sampler,
+    drafter: &mut dyn Drafter,
+) -> Generation {
     let opts = GenerateOptions {
         max_new,
         stop_ids: vec![],
-        speculation: spec,
+        speculation,
     };
     let no = AtomicBool::new(false);
-    let mut s = sampler.unwrap_or_else(|| Sampler::new(0.0, 1.0, 0));
     Generator::new(m)
-        .generate_with(
+        .generate_drafted(
             &mut m.new_state(),
             prompt,
             &opts,
             &no,
-            &mut |l: &[f32]| s.choose(l),
+            &mut |l: &[f32]| sampler.choose(l),
+            drafter,
             |_| {},
         )
         .unwrap()
@@ -88,13 +103,8 @@ pub fn scripted_with(
     prompt: &[u32],
     off: &Generation,
     every: usize,
-    mut sampler: Sampler,
+    sampler: Sampler,
 ) -> Generation {
-    let opts = GenerateOptions {
-        max_new: off.generated_ids.len(),
-        stop_ids: vec![],
-        speculation: NGRAM,
-    };
     let mut reference = prompt.to_vec();
     reference.extend(&off.generated_ids);
     let mut d = Script {
@@ -102,18 +112,7 @@ pub fn scripted_with(
         every,
         n: 0,
     };
-    let no = AtomicBool::new(false);
-    Generator::new(m)
-        .generate_drafted(
-            &mut m.new_state(),
-            prompt,
-            &opts,
-            &no,
-            &mut |l: &[f32]| sampler.choose(l),
-            &mut d,
-            |_| {},
-        )
-        .unwrap()
+    drafted(m, prompt, off.generated_ids.len(), NGRAM, sampler, &mut d)
 }
 
 pub const NGRAM: Speculation = Speculation {
