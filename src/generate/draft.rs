@@ -58,12 +58,12 @@ impl Drafter for NgramDrafter {
             let found = (0..len - n).rev().find(|&i| &ctx[i..i + n] == suffix);
             if let Some(i) = found {
                 // Copy what followed; past the context, copy the proposal itself (a loop).
-                let mut ext = ctx.to_vec();
                 let from = i + n;
-                for j in 0..k {
-                    ext.push(ext[from + j]);
+                let mut out: Vec<u32> = Vec::with_capacity(k);
+                for j in from..from + k {
+                    out.push(if j < len { ctx[j] } else { out[j - len] });
                 }
-                return ext[len..].to_vec();
+                return out;
             }
         }
         Vec::new()
