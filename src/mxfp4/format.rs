@@ -17,6 +17,26 @@ pub fn e8m0(s: u8) -> f32 {
     f32::from_bits((s as u32) << 23)
 }
 
+/// The E2M1 table multiplied by each E8M0 scale (`E2M1[i] · e8m0(s)`, the same fp32 multiply
+/// the reference does per weight, so a lookup is bit-identical to it): one 64-byte row per scale
+/// byte, 16 KB in all, so a kernel fetches a group's decode table with one aligned load.
+#[repr(C, align(64))]
+pub struct ScaledTables(pub [[f32; 16]; 256]);
+
+/// The process-wide scaled tables (built once, 4,096 multiplies).
+pub fn scaled_tables() -> &'static ScaledTables {
+    static T: std::sync::OnceLock<Box<ScaledTables>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = Box::new(ScaledTables([[0f32; 16]; 256]));
+        for (s, row) in t.0.iter_mut().enumerate() {
+            for (v, e) in row.iter_mut().zip(E2M1) {
+                *v = e * e8m0(s as u8);
+            }
+        }
+        t
+    })
+}
+
 /// One MXFP4 matrix `[rows, cols]` over borrowed bytes (`y = W x`, x of length `cols`).
 #[derive(Debug, Clone, Copy)]
 pub struct Mxfp4Matrix<'a> {

@@ -26,7 +26,7 @@ use crate::{Error, Result};
 const PARALLEL_MIN_BYTES: usize = 256 << 10;
 
 /// Rows per parallel task: big enough to amortise scheduling, small enough to balance.
-const ROW_TILE: usize = 64;
+const ROW_TILE: usize = 256;
 
 /// `y = W x` with the fastest kernel, rows split across the rayon pool.
 pub fn gemv(m: &Mxfp4Matrix, x: &[f32], y: &mut [f32]) -> Result<()> {

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::format::{e8m0, Mxfp4Matrix, E2M1, GROUP};
+use super::format::{e8m0, scaled_tables, Mxfp4Matrix, E2M1, GROUP};
 use super::kernels::{reduce32, Kernel};
 
 /// Canonical lane held by physical lane `p` of a group, for each kernel's layout.
@@ -108,32 +108,36 @@ unsafe fn avx512_bytes(p: *const u8) -> __m512i {
 }
 
 /// `R` consecutive rows against one input vector (several rows in flight hide the FMA latency
-/// of each lane chain).
+/// of each lane chain). Measured on Zen 4 (`bench mxfp4`, 1.1 GB): the group's scaled table as
+/// one load (instead of a broadcast and a multiply) and a prefetch of the next block of `R`
+/// rows (one cache line per group, so the one sequential stream runs ahead of the hardware
+/// prefetcher, which lost track of the 2·R interleaved row streams) took one thread from 7.4
+/// to 12.9 GB/s.
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn avx512_rows1<const R: usize>(m: &Mxfp4Matrix, r0: usize, x: &[f32], out: &mut [f32]) {
-    let lut = _mm512_loadu_ps(E2M1.as_ptr());
+    let tables = scaled_tables().0.as_ptr() as *const f32;
     let groups = m.groups();
     let pstride = m.cols / 2;
     let p = m.row_packed(r0).as_ptr();
     let s = m.row_scales(r0).as_ptr();
+    // The next block: R rows of packed codes (R·16 bytes per group) and of scales. A prefetch
+    // never faults, so running past the matrix's end is harmless.
+    let (pn, sn) = (p.wrapping_add(R * pstride), s.wrapping_add(R * groups));
+    let lines = (R * 16).div_ceil(64);
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    // Scale floats of 16 groups at a time, broadcast from memory in the loop.
-    let mut sc = [[0f32; 16]; R];
     for g in 0..groups {
+        for l in 0..lines {
+            prefetch(pn.wrapping_add(R * 16 * g + 64 * l));
+        }
         if g % 16 == 0 {
-            let n = (groups - g).min(16);
-            for r in 0..R {
-                for j in 0..n {
-                    sc[r][j] = e8m0(*s.add(r * groups + g + j));
-                }
-            }
+            prefetch(sn.wrapping_add(R * g));
         }
         let xp = x.as_ptr().add(GROUP * g);
         let x0 = _mm512_loadu_ps(xp);
         let x1 = _mm512_loadu_ps(xp.add(16));
         for r in 0..R {
-            let tbl = _mm512_mul_ps(lut, _mm512_set1_ps(sc[r][g % 16]));
+            let tbl = _mm512_load_ps(tables.add(16 * *s.add(r * groups + g) as usize));
             let v = avx512_bytes(p.add(r * pstride + 16 * g));
             let we = _mm512_permutexvar_ps(v, tbl);
             let wo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);
@@ -142,11 +146,39 @@ unsafe fn avx512_rows1<const R: usize>(m: &Mxfp4Matrix, r0: usize, x: &[f32], ou
         }
     }
     for r in 0..R {
-        let mut phys = [0f32; 32];
-        _mm512_storeu_ps(phys.as_mut_ptr(), acc[r][0]);
-        _mm512_storeu_ps(phys.as_mut_ptr().add(16), acc[r][1]);
-        out[r] = finish(Kernel::Avx512, &phys);
+        out[r] = finish512(acc[r][0], acc[r][1]);
     }
+}
+
+/// `reduce32` of the AVX-512 layout (`even` = canonical lanes 0, 2, .., 30, `odd` = 1, 3, ..,
+/// 31) in registers, in the same order: the spec's `a_k` is canonical lanes `4k..4k+4`. A
+/// scalar scatter and reduce cost about an eighth of a 3,584-column row.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn finish512(even: __m512, odd: __m512) -> f32 {
+    // Chunk m of X is a_{2m}, of Y is a_{2m+1} (canonical 8m+i and 8m+4+i; index bit 4 = odd).
+    let x = _mm512_permutex2var_ps(
+        even,
+        _mm512_setr_epi32(0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29),
+        odd,
+    );
+    let y = _mm512_permutex2var_ps(
+        even,
+        _mm512_setr_epi32(2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31),
+        odd,
+    );
+    let p = _mm512_add_ps(x, y); // [a0+a1, a2+a3, a4+a5, a6+a7]
+    let q = _mm512_add_ps(p, _mm512_shuffle_f32x4(p, p, 0b10_11_00_01)); // chunks 0, 2 hold pairs
+    let s = _mm_add_ps(_mm512_castps512_ps128(q), _mm512_extractf32x4_ps(q, 2)); // s_i
+    let t = _mm_add_ps(s, _mm_shuffle_ps(s, s, 0b10_11_00_01)); // lanes 0, 2: s0+s1, s2+s3
+    _mm_cvtss_f32(_mm_add_ss(t, _mm_movehl_ps(t, t)))
+}
+
+/// A software prefetch into L1 (never faults, whatever the address).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    // SAFETY: prefetch instructions do not access memory architecturally.
+    unsafe { _mm_prefetch(p as *const i8, _MM_HINT_T0) }
 }
 
 /// AVX2 + FMA kernel; `xs` are permuted with `permute_x(Kernel::Avx2, ..)`.
