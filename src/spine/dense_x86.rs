@@ -69,9 +69,23 @@ pub unsafe fn dot_row_multi(m: &DenseMatrix, r: usize, xs: &[&[f32]], out: &mut 
 pub unsafe fn dot_rows<const R: usize>(m: &DenseMatrix, r0: usize, x: &[f32], out: &mut [f32]) {
     let cols = m.cols;
     let full = cols - cols % LANES;
+    // Prefetch the next block of R rows (contiguous) at the pace this block is consumed, so one
+    // sequential stream runs ahead of the R interleaved row streams (as in the MXFP4 kernel).
+    let (base, esize) = match m.data {
+        DenseData::F32(b) => (b.as_ptr(), 4),
+        DenseData::Bf16(b) => (b.as_ptr(), 2),
+        DenseData::I8 { q, .. } => (q.as_ptr(), 1),
+    };
+    let next = base.wrapping_add((r0 + R) * cols * esize);
+    let step = R * LANES * esize; // bytes of the block consumed per chunk of columns
     let mut acc = [_mm512_setzero_ps(); R];
     let mut c = 0;
     while c < full {
+        let at = next.wrapping_add(c / LANES * step);
+        for l in 0..step.div_ceil(64) {
+            // SAFETY: a prefetch never faults, whatever the address.
+            _mm_prefetch(at.wrapping_add(64 * l) as *const i8, _MM_HINT_T1);
+        }
         let xv = _mm512_loadu_ps(x.as_ptr().add(c));
         for k in 0..R {
             let w = widen(&m.data, r0 + k, cols, c);

@@ -52,24 +52,47 @@ fn pool(threads: usize) -> Result<rayon::ThreadPool> {
 }
 
 /// Streaming read of `buf` split over the current pool; returns a checksum so it is not elided.
+/// Each thread reads its part as 4 sequential streams in step with 64-byte loads where the CPU
+/// has them: one scalar stream per thread left a core's miss queue half empty (21 GB/s on one
+/// thread here, below what the GEMV kernels themselves read).
 pub fn stream_read(buf: &[u64]) -> u64 {
     let parts = rayon::current_num_threads().max(1);
     let chunk = buf.len().div_ceil(parts);
     buf.par_chunks(chunk)
         .map(|c| {
-            let mut acc = [0u64; 8];
-            let mut it = c.chunks_exact(8);
-            for w in &mut it {
-                for k in 0..8 {
-                    acc[k] = acc[k].wrapping_add(w[k]);
-                }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: AVX-512F was detected.
+                return unsafe { sum_avx512(c) };
             }
-            for (k, v) in it.remainder().iter().enumerate() {
-                acc[k] = acc[k].wrapping_add(*v);
-            }
-            acc.iter().fold(0u64, |a, b| a.wrapping_add(*b))
+            c.iter().fold(0u64, |a, b| a.wrapping_add(*b))
         })
         .reduce(|| 0, |a, b| a.wrapping_add(b))
+}
+
+/// Wrapping sum of `c`, read as 4 streams of 64-byte loads in step.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_avx512(c: &[u64]) -> u64 {
+    use std::arch::x86_64::*;
+    const STREAMS: usize = 4;
+    let len = c.len() / STREAMS / 8 * 8; // words per stream, whole 64-byte loads
+    let p = c.as_ptr();
+    let mut acc = [_mm512_setzero_si512(); STREAMS];
+    let mut i = 0;
+    while i < len {
+        for (s, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_add_epi64(*a, _mm512_loadu_si512(p.add(s * len + i) as *const _));
+        }
+        i += 8;
+    }
+    let mut total = c[STREAMS * len..]
+        .iter()
+        .fold(0u64, |a, b| a.wrapping_add(*b));
+    for a in acc {
+        total = total.wrapping_add(_mm512_reduce_add_epi64(a) as u64);
+    }
+    total
 }
 
 /// Figures of a kernel measured against memory read bandwidth.
