@@ -103,6 +103,16 @@ fn resident_streamed_and_mixed_are_bit_identical() {
         want,
         "four layers in flight"
     );
+    // Streamed store layers read with parallel O_DIRECT requests (where the filesystem allows).
+    let direct = model(
+        d.path(),
+        &SpineOptions {
+            direct: true,
+            ..opts(Some(0))
+        },
+    );
+    assert!(direct.spine().direct());
+    assert_eq!(bits(&run(&direct)), want, "streamed with O_DIRECT");
 }
 
 /// Copies the built-in K3-tiny (a trained network) into a temporary directory.

@@ -39,6 +39,9 @@ pub struct LoadOptions {
     pub store: TieredOptions,
     /// Raw-span disk cache.
     pub cache: Option<DiskCache>,
+    /// Read streamed spine layers with parallel `O_DIRECT` requests (`None`: when the streamed
+    /// layers exceed what the memory limit leaves the page cache after the plan's charges).
+    pub direct_spine: Option<bool>,
 }
 
 impl Default for LoadOptions {
@@ -52,6 +55,7 @@ impl Default for LoadOptions {
             spine: SpineChoice::Auto,
             store: TieredOptions::default(),
             cache: None,
+            direct_spine: None,
         }
     }
 }
@@ -210,6 +214,9 @@ impl K3Model {
                 ..Default::default()
             },
         )?);
+        let streamed = spine.report().bytes_read_per_token;
+        let room = plan.limit.saturating_sub(plan.total);
+        spine.set_direct(o.direct_spine.unwrap_or(streamed > room));
         let store = TieredOptions {
             ram_budget: plan.expert_ram as usize,
             prefetch_cap: plan.prefetch_cap,

@@ -6,6 +6,7 @@ use std::path::Path;
 
 pub mod atomic;
 pub mod buf;
+pub mod direct;
 pub mod lock;
 
 pub use buf::{AlignedBuf, BufPool, PooledBuf, ALIGN};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::convert::{
     global_names, is_small, layer_names, store_dir, store_state, SpineFormat, StoreState,
 };
-use super::layer::{packed_len, parse_header, read_file_sized, Entry, LayerData};
+use super::layer::{packed_len, parse_header, read_file_direct, read_file_sized, Entry, LayerData};
 use super::source::{Spine, SpineChoice};
 use super::ShardSpine;
 use crate::checkpoint::DtypeExt;
@@ -27,6 +27,8 @@ pub(super) struct Inner {
     pub(super) inv: Arc<Inventory>,
     pub(super) format: SpineFormat,
     pub(super) pool: Arc<BufPool>,
+    /// Streamed store layers are read with parallel `O_DIRECT` requests.
+    pub(super) direct: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
@@ -49,6 +51,9 @@ impl Inner {
 
     pub(super) fn load(&self, l: usize, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
         match &self.backing {
+            Backing::Files(_) if self.direct.load(std::sync::atomic::Ordering::Relaxed) => {
+                read_file_direct(&self.layer_path(l), pool, cap)
+            }
             Backing::Files(_) => read_file_sized(&self.layer_path(l), pool, cap),
             Backing::Shards(s) => pack_from_shards(
                 s,

@@ -378,6 +378,23 @@ pub fn read_file_sized(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<L
     from_file_bytes(buf, len, path)
 }
 
+/// `read_file_sized` with parallel `O_DIRECT` reads (`fsio::direct`) where the platform and the
+/// filesystem allow them, else the buffered read: for streamed layers the page cache cannot hold.
+pub fn read_file_direct(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
+    use crate::fsio::direct::{read_all, IO_ALIGN};
+    let len = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len() as usize;
+    let padded = len.div_ceil(IO_ALIGN) * IO_ALIGN;
+    let mut buf = pool.take_sized(padded, cap.max(padded))?;
+    if !read_all(path, len, &mut buf)? {
+        let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        f.read_exact(&mut buf[..len])
+            .map_err(|e| Error::io(path, e))?;
+    }
+    from_file_bytes(buf, len, path)
+}
+
 /// A layer from the whole bytes of its store file (`len` bytes at `path`).
 fn from_file_bytes(buf: PooledBuf, len: usize, path: &Path) -> Result<LayerData> {
     let (entries, source) = parse_header_full(&buf, len, path)?;

@@ -44,6 +44,9 @@ pub struct SpineOptions {
     /// The compute device's side (template layers, pinned copies), from
     /// `compute::spine_device`; `None`: the host kernels read the host bytes.
     pub device_side: Option<Arc<dyn super::DeviceSide>>,
+    /// Read streamed store layers with parallel `O_DIRECT` requests (for a page cache that
+    /// cannot hold them; the engine decides from the memory plan).
+    pub direct: bool,
 }
 
 impl std::fmt::Debug for SpineOptions {
@@ -54,6 +57,7 @@ impl std::fmt::Debug for SpineOptions {
             .field("pin", &self.pin)
             .field("in_flight", &self.in_flight)
             .field("device_side", &self.device_side.is_some())
+            .field("direct", &self.direct)
             .finish()
     }
 }
@@ -66,6 +70,7 @@ impl Default for SpineOptions {
             pin: None,
             in_flight: 2,
             device_side: None,
+            direct: false,
         }
     }
 }
@@ -119,6 +124,7 @@ impl Spine {
             inv: inv.clone(),
             format,
             pool: BufPool::new(opts.in_flight.max(1)),
+            direct: opts.direct.into(),
         });
         let gpu = opts.device_side.clone();
         // A pinned layer on the GPU also has a device copy (the host one serves the host-side
@@ -235,6 +241,29 @@ impl Spine {
     /// The format in use.
     pub fn format(&self) -> SpineFormat {
         self.inner.format
+    }
+
+    /// The store files of the streamed layers (empty when the spine comes from the shards).
+    pub fn streamed_files(&self) -> Vec<std::path::PathBuf> {
+        if !self.from_store() {
+            return Vec::new();
+        }
+        (0..self.pinned.len())
+            .filter(|&l| self.pinned[l].is_none())
+            .map(|l| self.inner.layer_path(l))
+            .collect()
+    }
+
+    /// Reads streamed store layers with parallel `O_DIRECT` requests from now on (or not).
+    pub fn set_direct(&self, on: bool) {
+        self.inner
+            .direct
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether streamed store layers are read with `O_DIRECT` (and the store is in use).
+    pub fn direct(&self) -> bool {
+        self.from_store() && self.inner.direct.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the spine comes from a converted store (rather than the shards).

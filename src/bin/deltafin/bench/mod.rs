@@ -2,6 +2,7 @@
 
 pub mod dense;
 pub mod experts;
+pub mod floor;
 pub mod forward;
 pub mod mapped;
 pub mod speculate;

@@ -16,7 +16,7 @@ use deltafin::model::{Event, Observer};
 use deltafin::{Error, GenerateOptions, Generator, K3Model, Result};
 
 /// Drops every file of a model directory from the page cache at the start of each pass.
-struct ColdFiles(Vec<std::path::PathBuf>);
+pub(crate) struct ColdFiles(pub Vec<std::path::PathBuf>);
 
 impl Observer for ColdFiles {
     fn on(&self, _layer: usize, event: &Event<'_>) {
@@ -28,7 +28,7 @@ impl Observer for ColdFiles {
     }
 }
 
-fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
+pub(crate) fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
     for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let p = e.map_err(|e| Error::io(dir, e))?.path();
         if p.is_dir() {

@@ -58,6 +58,11 @@ pub enum BenchKind {
         /// read, and the floor of the same work at the bandwidths measured in the same run.
         #[arg(long)]
         breakdown: bool,
+        /// Instead: per decode token, wall time against the I/O floor (bytes from storage ÷
+        /// the raw parallel O_DIRECT read rate) and the compute floor (bytes the kernels touch ÷
+        /// memory read bandwidth), both measured before each run; median of per-run ratios.
+        #[arg(long)]
+        floor: bool,
         /// Instead: ms per emitted token with speculative decoding on (`--spec-mode`) and off,
         /// interleaved, on a repetitive and a non-repetitive prompt (or `--text` prompts), with
         /// tokens per pass and acceptance; fails if the outputs differ.
@@ -152,6 +157,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             device,
             context,
             breakdown,
+            floor,
             speculate,
             spec_mode,
             spec_depth,
@@ -164,6 +170,10 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             println!("device={}", deltafin::compute::device::describe(&device));
             let load = deltafin::engine::LoadOptions {
                 resident_cap: stream_spine.then_some(0),
+                // `--floor --cold-spine`: experts cold too (no RAM tier to hit).
+                expert_ram: (floor && cold_spine).then_some(0),
+                // Cold: as on a machine whose page cache cannot hold the streamed layers.
+                direct_spine: cold_spine.then_some(true),
                 ..Default::default()
             };
             let mut model =
@@ -195,6 +205,18 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 let most = context.iter().max().copied().unwrap_or(0);
                 model.set_context_limit(most + runs + 2);
                 return crate::bench::forward::context_bench(&model, &context, runs, |l| {
+                    println!("{l}")
+                })
+                .map_err(Into::into);
+            }
+            if floor {
+                let o = crate::bench::floor::FloorOptions {
+                    prompt_len,
+                    decode,
+                    runs,
+                    cold: cold_spine,
+                };
+                return crate::bench::floor::floor_bench(&mut model, &model_root, &o, |l| {
                     println!("{l}")
                 })
                 .map_err(Into::into);

@@ -106,6 +106,7 @@ impl StoreArgs {
                 ..Default::default()
             },
             cache,
+            direct_spine: None,
         })
     }
 }
