@@ -10,6 +10,7 @@ use crate::{Error, Result};
 
 pub mod cache_source;
 pub mod disk;
+pub mod homes;
 mod prefetch;
 pub mod ram;
 mod remote;
@@ -18,6 +19,7 @@ pub mod tiered;
 
 use crate::fsio::PooledBuf;
 pub use disk::{drop_from_page_cache_all, CacheAdvice, DiskCache};
+pub use homes::Homes;
 pub use ram::RamTier;
 pub use tiered::{ExpertStats, Tier, TieredExperts, TieredOptions};
 

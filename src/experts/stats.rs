@@ -12,6 +12,10 @@ pub struct ExpertStats {
     pub prefetch_hits: u64,
     /// Experts prefetched in the background.
     pub prefetch_issued: u64,
+    /// Experts read from a storage home.
+    pub home_experts: u64,
+    /// Bytes read from storage homes.
+    pub home_bytes: u64,
     /// Experts read from the disk cache.
     pub disk_experts: u64,
     /// Bytes read from the disk cache.
@@ -39,6 +43,8 @@ impl ExpertStats {
             ram_experts: self.ram_experts - e.ram_experts,
             prefetch_hits: self.prefetch_hits - e.prefetch_hits,
             prefetch_issued: self.prefetch_issued - e.prefetch_issued,
+            home_experts: self.home_experts - e.home_experts,
+            home_bytes: self.home_bytes - e.home_bytes,
             disk_experts: self.disk_experts - e.disk_experts,
             disk_bytes: self.disk_bytes - e.disk_bytes,
             shard_experts: self.shard_experts - e.shard_experts,
@@ -51,9 +57,18 @@ impl ExpertStats {
         }
     }
 
+    /// Bytes read below RAM: homes, disk cache, shards and hub.
+    pub fn bytes_read(&self) -> u64 {
+        self.home_bytes + self.disk_bytes + self.shard_bytes + self.hub_bytes
+    }
+
     pub(crate) fn count(&mut self, tier: Tier, bytes: usize) {
         let b = bytes as u64;
         match tier {
+            Tier::Home => {
+                self.home_experts += 1;
+                self.home_bytes += b;
+            }
             Tier::Disk => {
                 self.disk_experts += 1;
                 self.disk_bytes += b;

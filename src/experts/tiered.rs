@@ -23,6 +23,8 @@ use crate::{Error, Result};
 /// Where an expert came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
+    /// A storage home (`homes.rs`).
+    Home,
     /// The raw-span disk cache.
     Disk,
     /// The local shards.
@@ -57,6 +59,10 @@ pub struct TieredOptions {
     pub pool_buffers: usize,
     /// Verify the install's own expert cache (a streaming install's `experts/`) on every read.
     pub verify_cache: bool,
+    /// Storage homes (`--storage-home`, `install.json`), tried before the disk cache and shards.
+    pub homes: Vec<std::path::PathBuf>,
+    /// Emulation: limit every storage home to this many bytes per second (tests, `bench homes`).
+    pub home_rate: Option<f64>,
 }
 
 impl Default for TieredOptions {
@@ -72,6 +78,8 @@ impl Default for TieredOptions {
             prefetch_threads: 2,
             pool_buffers: 16,
             verify_cache: false,
+            homes: Vec::new(),
+            home_rate: None,
         }
     }
 }
@@ -80,6 +88,7 @@ pub(crate) struct Inner {
     pub(crate) index: Arc<ExpertIndex>,
     files: Option<ShardFiles>,
     pub(crate) disk: Option<DiskCache>,
+    homes: Option<super::homes::Homes>,
     pub(crate) hub: Option<(Arc<HubRepo>, Arc<Inventory>)>,
     ram: Mutex<RamTier>,
     pub(crate) pool: rayon::ThreadPool,
@@ -119,6 +128,11 @@ impl Inner {
             .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {expert}")))?;
         let len = span.len() as usize;
         let mut buf = self.bufs.take(len)?;
+        if let Some(h) = &self.homes {
+            if h.read_into(layer, expert, &mut buf)? {
+                return Ok(Some((buf, Tier::Home)));
+            }
+        }
         if let Some(d) = &self.disk {
             if d.read_into(layer, expert, &mut buf)? {
                 return Ok(Some((buf, Tier::Disk)));
@@ -254,11 +268,22 @@ impl TieredExperts {
             .thread_name(|i| format!("expert-reader-{i}"))
             .build()
             .map_err(|e| Error::Msg(format!("expert reader pool: {e}")))?;
+        let homes = if opts.homes.is_empty() {
+            None
+        } else {
+            Some(super::homes::Homes::open(
+                &opts.homes,
+                opts.advice,
+                opts.verify_cache,
+                opts.home_rate,
+            )?)
+        };
         Ok(TieredExperts {
             inner: Arc::new(Inner {
                 index,
                 files: inv.map(ShardFiles::new),
                 disk,
+                homes,
                 hub: None,
                 ram: Mutex::new(RamTier::new(opts.ram_budget, opts.decay)),
                 pool,
@@ -278,6 +303,11 @@ impl TieredExperts {
             },
             started: std::sync::Once::new(),
         })
+    }
+
+    /// The storage homes, when the store has any.
+    pub fn homes(&self) -> Option<&super::homes::Homes> {
+        self.inner.homes.as_ref()
     }
 
     /// Starts the prefetch threads (once the store is final, see `with_hub`).

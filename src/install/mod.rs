@@ -14,6 +14,7 @@ use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, Tens
 use crate::{Error, K3Config, Result};
 
 mod download;
+pub mod homes;
 mod layers;
 mod setup;
 use crate::fsio::{free_bytes, RootLock};
@@ -48,6 +49,9 @@ pub struct Manifest {
     /// and the expert cache must have been built from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// Storage homes (`populate-home`): directories on other drives holding experts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub homes: Vec<PathBuf>,
 }
 
 /// Reads the install manifest, if any.
@@ -138,7 +142,21 @@ pub fn expert_store(
     opts: &TieredOptions,
     cache: Option<DiskCache>,
 ) -> Result<TieredExperts> {
-    match read_manifest(root) {
+    let manifest = read_manifest(root);
+    let mut opts = opts.clone();
+    for h in manifest.iter().flat_map(|m| &m.homes) {
+        if !opts.homes.contains(h) {
+            opts.homes.push(h.clone());
+        }
+    }
+    // A home filled from another version of the checkpoint drops the experts that changed.
+    for h in &opts.homes {
+        if h.is_dir() {
+            adopt_source(&DiskCache::new(h, opts.advice)?, &inv, &index)?;
+        }
+    }
+    let opts = &opts;
+    match manifest {
         Some(m) if m.mode == "stream" => {
             let cache = match cache {
                 Some(c) => c,

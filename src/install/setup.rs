@@ -280,6 +280,7 @@ fn install(
         revision: Some(hub.revision().to_string()),
         requested: opts.revision.clone(),
         fingerprint: Some(crate::checkpoint::Source::of(&Inventory::from_dir(root)?).fingerprint()),
+        homes: read_manifest(root).map(|m| m.homes).unwrap_or_default(),
     };
     write_atomic(
         &manifest_path(root),

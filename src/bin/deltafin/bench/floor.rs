@@ -126,7 +126,7 @@ pub fn floor_bench(
             logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;
             let ms = t0.elapsed().as_secs_f64() * 1e3;
             let d = model.expert_stats().unwrap_or_default().since(&before);
-            let expert_read = d.shard_bytes + d.disk_bytes + d.hub_bytes;
+            let expert_read = d.bytes_read();
             // Spine bytes from storage: the streamed layers (pinned ones stay in RAM).
             let read = r.bytes_read_per_token + expert_read;
             let io_ms = read as f64 / 1e9 / b.raw_gbps * 1e3;

@@ -182,7 +182,7 @@ pub fn breakdown_bench(
             let layers = profile.take();
             let sum =
                 |f: fn(&deltafin::model::LayerTiming) -> f64| layers.iter().map(f).sum::<f64>();
-            let expert_bytes = (d.shard_bytes + d.disk_bytes + d.hub_bytes) as f64;
+            let expert_bytes = d.bytes_read() as f64;
             let read = r.bytes_read_per_token as f64 + expert_bytes;
             let v = [
                 sum(|t| t.attn_ms),

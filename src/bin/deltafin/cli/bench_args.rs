@@ -33,6 +33,27 @@ pub enum BenchKind {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// Expert wait per token with 1, 2, 4 … emulated storage homes of equal rate vs the ideal.
+    Homes {
+        /// Model directory (the K3-slice fixture).
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Home counts, comma-separated (the first is the baseline).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        homes: Vec<usize>,
+        /// Emulated rate of each home in MB/s.
+        #[arg(long, default_value_t = 400.0)]
+        rate_mb: f64,
+        /// Tokens per run.
+        #[arg(long, default_value_t = 4)]
+        tokens: usize,
+        /// Timed runs.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Scratch directory for the homes (hard links of one populated home; removed after).
+        #[arg(long, default_value = "/tmp/deltafin-bench-homes")]
+        scratch: PathBuf,
+    },
     /// Prefill and decode speed of the whole model (each KDA form).
     Forward {
         /// Model directory.
@@ -135,6 +156,26 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
     match kind {
         BenchKind::Spine { model_root, runs } => {
             crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
+        }
+        BenchKind::Homes {
+            model_root,
+            homes,
+            rate_mb,
+            tokens,
+            runs,
+            scratch,
+        } => {
+            if homes.is_empty() || homes.contains(&0) || rate_mb.is_nan() || rate_mb <= 0.0 {
+                anyhow::bail!("--homes needs positive counts and --rate-mb a positive rate");
+            }
+            let o = crate::bench::homes::HomesBenchOptions {
+                homes,
+                rate: rate_mb * 1e6,
+                tokens: tokens.max(1),
+                runs: runs.max(1),
+                scratch,
+            };
+            crate::bench::homes::homes_bench(&model_root, &o, |l| println!("{l}"))?;
         }
         BenchKind::Experts {
             model_root,

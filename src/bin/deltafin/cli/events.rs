@@ -134,9 +134,11 @@ impl TokenReport {
 fn stats_line(i: usize, s: &ExpertStats) -> String {
     let mb = |b: u64| b as f64 / 1e6;
     format!(
-        "token {i}: ram {} | prefetch hits {} | disk {} ({:.1} MB) | shards {} ({:.1} MB) | hub {} ({:.1} MB, {} requests) | wait {:.2} ms",
+        "token {i}: ram {} | prefetch hits {} | homes {} ({:.1} MB) | disk {} ({:.1} MB) | shards {} ({:.1} MB) | hub {} ({:.1} MB, {} requests) | wait {:.2} ms",
         s.ram_experts,
         s.prefetch_hits,
+        s.home_experts,
+        mb(s.home_bytes),
         s.disk_experts,
         mb(s.disk_bytes),
         s.shard_experts,

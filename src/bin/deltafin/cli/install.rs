@@ -132,3 +132,61 @@ pub fn run_warm(a: &WarmArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Arguments of `populate-home`.
+#[derive(Debug, Clone, Args)]
+pub struct HomeArgs {
+    /// The home directory (on another drive; created if missing).
+    pub dir: PathBuf,
+    /// Install or model directory whose experts are copied.
+    #[arg(long, default_value = "k3")]
+    pub model_root: PathBuf,
+    /// Copy the N experts most selected in the router traces.
+    #[arg(long, conflicts_with = "all", required_unless_present = "all")]
+    pub hottest: Option<usize>,
+    /// Router traces (`router_trace.jsonl`, from `run --router-trace`), for --hottest.
+    #[arg(long = "trace")]
+    pub traces: Vec<PathBuf>,
+    /// Copy every routed expert (a full mirror).
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Runs `populate-home`.
+pub fn run_home(a: &HomeArgs) -> anyhow::Result<()> {
+    use deltafin::install::homes::{populate_home, HomeSelection};
+    let sel = match a.hottest {
+        Some(n) => HomeSelection::Hottest(n, a.traces.clone()),
+        None => HomeSelection::All,
+    };
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let c = cancel.clone();
+        let _ = ctrlc::set_handler(move || {
+            if c.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "populate-home [{bar:30}] {pos}/{len} experts eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let r = populate_home(&a.model_root, &a.dir, &sel, &cancel, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    println!("{}", serde_json::to_string(&r)?);
+    if !r.recorded {
+        eprintln!(
+            "{} is not an install (no install.json): pass --storage-home {} to run, serve and chat",
+            a.model_root.display(),
+            a.dir.display()
+        );
+    }
+    Ok(())
+}

@@ -49,6 +49,8 @@ pub enum Command {
     FetchExperts(install::FetchArgs),
     /// Rank absent experts by how often router traces selected them; fetch with --fetch N.
     WarmCache(install::WarmArgs),
+    /// Copy experts (the hottest by router trace, or all) into a storage home on another drive.
+    PopulateHome(install::HomeArgs),
     /// Serve a local model directory over the Hugging Face protocol (for trying `setup` offline).
     MockHub {
         /// Directory to serve (e.g. a K3-nano fixture).
@@ -234,6 +236,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::FetchExperts(a) => install::run_fetch(&a)?,
         Command::WarmCache(a) => install::run_warm(&a)?,
+        Command::PopulateHome(a) => install::run_home(&a)?,
         Command::ConvertSpineInt8 { model_root } => {
             convert(&model_root, deltafin::spine::convert::SpineFormat::Int8)?
         }

@@ -110,7 +110,7 @@ fn spec_report(
         "verify_passes": s.verify_passes, "drafted": s.drafted, "accepted": s.accepted,
         "tokens_per_pass": s.tokens_per_pass(),
         "spine_bytes_per_token": spine / emitted,
-        "expert_bytes_per_token": (d.shard_bytes + d.disk_bytes + d.hub_bytes) as f64 / emitted,
+        "expert_bytes_per_token": d.bytes_read() as f64 / emitted,
         "rollback_bytes_max": s.rollback_bytes,
     })
 }

@@ -31,6 +31,11 @@ pub struct StoreArgs {
     /// Raw-span disk cache directory (`L{layer}-E{expert}.bin` files).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// A storage home: a directory on another drive holding experts (all or the hottest, see
+    /// `populate-home`); each read goes to the home expected to finish first. Repeatable; added
+    /// to the homes `install.json` records.
+    #[arg(long = "storage-home")]
+    pub storage_homes: Vec<PathBuf>,
     /// Verify expert cache files (`--cache-dir`, or a streaming install's `experts/`) against the
     /// checksum recorded when they were written; a missing or wrong checksum is refetched.
     #[arg(long)]
@@ -103,6 +108,7 @@ impl StoreArgs {
                 prefetch_previous: !self.no_prefetch,
                 prefetch_hub: self.prefetch_hub,
                 verify_cache: self.verify_cache,
+                homes: self.storage_homes.clone(),
                 ..Default::default()
             },
             cache,
