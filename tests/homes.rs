@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use candle::Device;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{ExpertProvider, TieredExperts, TieredOptions};
 use deltafin::install::expert_store;
 use deltafin::install::homes::{populate_home, HomeSelection};
-use deltafin::{K3Config, K3Model, Spine};
+use deltafin::{K3Config, K3Model};
 
 fn store(root: &Path, homes: Vec<PathBuf>, rate: Option<f64>) -> Arc<TieredExperts> {
     let cfg = K3Config::from_file(&root.join("config.json")).unwrap();
@@ -29,17 +28,7 @@ fn store(root: &Path, homes: Vec<PathBuf>, rate: Option<f64>) -> Arc<TieredExper
 }
 
 fn model(root: &Path, experts: Arc<TieredExperts>) -> K3Model {
-    let cfg = K3Config::from_file(&root.join("config.json")).unwrap();
-    let inv = Arc::new(Inventory::from_dir(root).unwrap());
-    let spine = Spine::open(
-        root,
-        inv,
-        cfg.num_layers(),
-        &Device::Cpu,
-        &Default::default(),
-    )
-    .unwrap();
-    K3Model::load(cfg, Arc::new(spine), experts).unwrap()
+    common::model_over(root, experts)
 }
 
 /// Greedy ids and the bits of every step's logits.

@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use crate::checkpoint::{ExpertIndex, ExpertSpan, Inventory, ShardFiles};
 use crate::{Error, Result};
 
+mod arrival;
 pub mod cache_source;
 pub mod disk;
 pub mod homes;
@@ -26,11 +27,26 @@ pub use tiered::{ExpertStats, Tier, TieredExperts, TieredOptions};
 /// The bytes of one expert, shared without copying.
 pub type ExpertBytes = Arc<PooledBuf>;
 
+/// Receives `(index into the request, bytes)` batches of experts as they arrive.
+pub type Ready<'a> = dyn FnMut(&[(usize, ExpertBytes)]) -> Result<()> + 'a;
+
 /// Supplies routed-expert bytes to a MoE layer.
 pub trait ExpertProvider: Send + Sync {
     /// The bytes of each of `experts` of `layer`, in request order. A whole layer's selection is
     /// requested at once so implementations can read in parallel.
     fn fetch(&self, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>>;
+
+    /// `fetch`, but each expert goes to `ready` as soon as its bytes are in (as `(index into
+    /// experts, bytes)` batches, in any order), so the caller computes while later reads are in
+    /// flight. Default: `fetch`, then one batch in request order.
+    fn fetch_each(&self, layer: usize, experts: &[usize], ready: &mut Ready<'_>) -> Result<()> {
+        let all: Vec<(usize, ExpertBytes)> = self
+            .fetch(layer, experts)?
+            .into_iter()
+            .enumerate()
+            .collect();
+        ready(&all)
+    }
 
     /// A hint that these experts of `layer` will probably be needed soon.
     fn prefetch(&self, _layer: usize, _experts: &[usize]) {}

@@ -6,12 +6,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use rayon::prelude::*;
 
 use super::disk::{CacheAdvice, DiskCache};
-use super::prefetch::{Found, Prefetcher};
+use super::prefetch::Prefetcher;
 use super::ram::{ExpertKey, RamTier};
 pub use super::stats::ExpertStats;
 use super::{read_span_into, ExpertBytes, ExpertProvider};
@@ -90,7 +89,7 @@ pub(crate) struct Inner {
     pub(crate) disk: Option<DiskCache>,
     homes: Option<super::homes::Homes>,
     pub(crate) hub: Option<(Arc<HubRepo>, Arc<Inventory>)>,
-    ram: Mutex<RamTier>,
+    pub(super) ram: Mutex<RamTier>,
     pub(crate) pool: rayon::ThreadPool,
     bufs: Arc<BufPool>,
     advice: CacheAdvice,
@@ -113,10 +112,6 @@ impl Drop for TieredExperts {
     fn drop(&mut self) {
         self.inner.prefetcher.shutdown();
     }
-}
-
-fn poisoned(what: &str) -> Error {
-    Error::Msg(format!("{what} lock poisoned"))
 }
 
 impl Inner {
@@ -205,53 +200,6 @@ impl Inner {
             .into_iter()
             .next()
             .map(|(_, b)| (PooledBuf::owned(b), Tier::Hub)))
-    }
-
-    fn fetch(self: &Arc<Self>, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {
-        let t0 = Instant::now();
-        let mut out: Vec<Option<ExpertBytes>> = vec![None; experts.len()];
-        let mut missing = Vec::new();
-        {
-            let mut ram = self.ram.lock().map_err(|_| poisoned("RAM tier"))?;
-            for (i, &e) in experts.iter().enumerate() {
-                ram.record((layer, e));
-                match ram.get(&(layer, e)) {
-                    Some(b) => out[i] = Some(b),
-                    None => missing.push(i),
-                }
-            }
-        }
-        let mut reads: Vec<(usize, Read, bool)> = Vec::new();
-        let mut cold = Vec::new();
-        for &i in &missing {
-            match self
-                .prefetcher
-                .take((layer, experts[i]), |k| self.span_len(k))?
-            {
-                Found::Ready(r) => reads.push((i, r, true)),
-                Found::Absent => cold.push(i),
-            }
-        }
-        let ids: Vec<usize> = cold.iter().map(|&i| experts[i]).collect();
-        for (&i, r) in cold.iter().zip(self.read_below_ram(layer, &ids)?) {
-            reads.push((i, r, false));
-        }
-        let mut st = self.stats.lock().map_err(|_| poisoned("stats"))?;
-        st.ram_experts += (experts.len() - missing.len()) as u64;
-        let mut ram = self.ram.lock().map_err(|_| poisoned("RAM tier"))?;
-        for (i, (bytes, tier), prefetched) in reads {
-            if prefetched {
-                st.prefetch_hits += 1;
-            }
-            st.count(tier, bytes.len());
-            let b: ExpertBytes = Arc::new(bytes);
-            ram.insert((layer, experts[i]), b.clone());
-            out[i] = Some(b);
-        }
-        st.read_wait_s += t0.elapsed().as_secs_f64();
-        out.into_iter()
-            .map(|o| o.ok_or_else(|| Error::Msg("expert fetch left a gap".into())))
-            .collect()
     }
 }
 
@@ -365,6 +313,15 @@ impl TieredExperts {
 impl ExpertProvider for TieredExperts {
     fn fetch(&self, layer: usize, experts: &[usize]) -> Result<Vec<ExpertBytes>> {
         self.inner.fetch(layer, experts)
+    }
+
+    fn fetch_each(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        ready: &mut super::Ready<'_>,
+    ) -> Result<()> {
+        self.inner.fetch_each(layer, experts, ready)
     }
 
     fn prefetch(&self, layer: usize, experts: &[usize]) {

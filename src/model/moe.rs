@@ -208,8 +208,12 @@ impl Moe {
         let all: Vec<usize> = rows.keys().copied().collect();
         let mut ys = BTreeMap::new();
         for ids in all.chunks(options.expert_batch.max(1)) {
-            let bytes = experts.fetch(self.layer, ids)?;
-            self.run_group(ids, &bytes, rows, z, device, options.kernel, &mut ys)?;
+            // Each batch runs as soon as its bytes are in, while later reads are in flight.
+            experts.fetch_each(self.layer, ids, &mut |got| {
+                let (gi, gb): (Vec<usize>, Vec<_>) =
+                    got.iter().map(|(i, b)| (ids[*i], b.clone())).unzip();
+                self.run_group(&gi, &gb, rows, z, device, options.kernel, &mut ys)
+            })?;
         }
         Ok(ys)
     }

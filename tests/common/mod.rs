@@ -20,6 +20,25 @@ pub fn nano() -> PathBuf {
     .to_path_buf()
 }
 
+/// The model in `root` (spine from the shards, all pinned) over the given expert provider.
+pub fn model_over(
+    root: &std::path::Path,
+    experts: std::sync::Arc<dyn deltafin::experts::ExpertProvider>,
+) -> deltafin::K3Model {
+    use std::sync::Arc;
+    let cfg = deltafin::K3Config::from_file(&root.join("config.json")).unwrap();
+    let inv = Arc::new(deltafin::checkpoint::Inventory::from_dir(root).unwrap());
+    let spine = deltafin::Spine::open(
+        root,
+        inv,
+        cfg.num_layers(),
+        &candle::Device::Cpu,
+        &Default::default(),
+    )
+    .unwrap();
+    deltafin::K3Model::load(cfg, Arc::new(spine), experts).unwrap()
+}
+
 /// max |a − b| / max(1, max |b|).
 pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     // Empty or truncated outputs must not pass a comparison.

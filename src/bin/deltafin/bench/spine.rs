@@ -12,7 +12,7 @@ use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{drop_from_page_cache_all, TieredExperts, TieredOptions};
 use deltafin::fsio::BufPool;
 use deltafin::spine::convert::{convert_spine, store_dir, SpineFormat};
-use deltafin::spine::layer::read_file;
+use deltafin::spine::layer::{read_file, read_file_direct};
 use deltafin::spine::source::{Spine, SpineChoice, SpineOptions};
 use deltafin::{K3Config, K3Model, Result};
 
@@ -40,9 +40,10 @@ pub fn spine_bench(dir: &Path, runs: usize, mut emit: impl FnMut(serde_json::Val
         let pool = BufPool::new(2);
         let (mut load, mut raw, mut ratio, mut seq) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut direct, mut dratio) = (Vec::new(), Vec::new());
         let mut total_bytes = 0u64;
         for _ in 0..runs.max(1) {
-            let (mut lt, mut rt, mut st, mut bytes) = (0f64, 0f64, 0f64, 0u64);
+            let (mut lt, mut rt, mut st, mut dt, mut bytes) = (0f64, 0f64, 0f64, 0f64, 0u64);
             for l in 0..n {
                 let p = sd.join(format!("layer-{l:03}.bin"));
                 let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
@@ -50,12 +51,18 @@ pub fn spine_bench(dir: &Path, runs: usize, mut emit: impl FnMut(serde_json::Val
                 let t = Instant::now();
                 std::hint::black_box(read_file(&p, &pool)?);
                 lt += t.elapsed().as_secs_f64();
-                // The bound: the same file, `O_DIRECT`, 16 MiB requests with RAW_READERS in
+                // The streamed layers' loader on a small machine: parallel O_DIRECT requests.
+                drop_from_page_cache_all(&p)?;
+                let t = Instant::now();
+                std::hint::black_box(read_file_direct(&p, &pool, 0)?);
+                dt += t.elapsed().as_secs_f64();
+                // The bound: the same file, `O_DIRECT`, 1 MiB requests with RAW_READERS in
                 // flight (a buffered read keeps several read-ahead requests in flight too).
                 drop_from_page_cache_all(&p)?;
+                let req = deltafin::fsio::direct::REQUEST as u64;
                 let jobs: Vec<(usize, Vec<(u64, u64)>)> = (0..len)
-                    .step_by(16 << 20)
-                    .map(|o| (0, vec![(o, (16u64 << 20).min(len - o))]))
+                    .step_by(req as usize)
+                    .map(|o| (0, vec![(o, req.min(len - o))]))
                     .collect();
                 let t = Instant::now();
                 raw_read_jobs(std::slice::from_ref(&p), &jobs, RAW_READERS)?;
@@ -70,6 +77,8 @@ pub fn spine_bench(dir: &Path, runs: usize, mut emit: impl FnMut(serde_json::Val
             raw.push(bytes as f64 / 1e9 / rt);
             seq.push(bytes as f64 / 1e9 / st);
             ratio.push(rt / lt);
+            direct.push(bytes as f64 / 1e9 / dt);
+            dratio.push(rt / dt);
         }
         let (l, r, q) = (Stats::of(load), Stats::of(raw), Stats::of(ratio));
         let sq = Stats::of(seq);
@@ -80,6 +89,12 @@ pub fn spine_bench(dir: &Path, runs: usize, mut emit: impl FnMut(serde_json::Val
             serde_json::json!({"figure": "layer_load_gbps", "format": format.dir_name(), "layers": n,
             "bytes": total_bytes, "ms_per_layer": total_bytes as f64 / 1e6 / n as f64 / l.median,
             "median": l.median, "min": l.min, "max": l.max}),
+        );
+        let (d, dq) = (Stats::of(direct), Stats::of(dratio));
+        emit(
+            serde_json::json!({"figure": "layer_load_direct_gbps", "format": format.dir_name(),
+            "median": d.median, "min": d.min, "max": d.max,
+            "direct_to_raw_median": dq.median, "direct_to_raw_min": dq.min, "direct_to_raw_max": dq.max}),
         );
         emit(
             serde_json::json!({"figure": "raw_parallel_read_gbps", "readers": RAW_READERS, "format": format.dir_name(), "median": r.median, "min": r.min, "max": r.max,
