@@ -1,8 +1,9 @@
 //! `bench forward --floor`: per decode token, the wall time against the two floors measured in
 //! the same run: the I/O floor (bytes that must come from storage ÷ the raw parallel `O_DIRECT`
 //! read rate of the model's files) and the compute floor (bytes the kernels touch ÷ memory read
-//! bandwidth). Each run is preceded by its own bound measurement (bound, run, bound, run, …)
-//! and the ratio reported is the median of per-run ratios.
+//! bandwidth). Each run is preceded by its own bound measurement (bound, run, bound, run, …;
+//! the best of three, after the model's background reads settle) and the ratio reported is the
+//! median of per-run ratios.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -115,7 +116,16 @@ pub fn floor_bench(
     let _ = stream_read(&words);
     let (mut ratios, mut walls, mut ios, mut comps) = (vec![], vec![], vec![], vec![]);
     for run in 0..o.runs.max(1) + 1 {
-        let b = measure_bounds(&words, &bound_files)?;
+        // The streamed spine reads ahead into the next pass and the prefetch may still be
+        // reading: let both settle, then keep the best of three measurements (the bound must
+        // not be lowered by our own background reads).
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let mut b = measure_bounds(&words, &bound_files)?;
+        for _ in 0..2 {
+            let c = measure_bounds(&words, &bound_files)?;
+            b.mem_gbps = b.mem_gbps.max(c.mem_gbps);
+            b.raw_gbps = b.raw_gbps.max(c.raw_gbps);
+        }
         let mut st = model.new_state();
         let mut logits = model.forward(&prompt, &mut st)?.to_vec1::<f32>()?;
         let (mut wall, mut io, mut comp, mut per_token) = (vec![], vec![], vec![], vec![]);
