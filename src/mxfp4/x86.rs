@@ -193,6 +193,19 @@ pub unsafe fn rows_avx2(
     xs: &[&[f32]],
     out: &mut [&mut [f32]],
 ) {
+    if xs.len() == 1 {
+        // Decode: the AVX-512 kernel's scheme (scaled tables, 4 rows, next-block prefetch).
+        let mut k = 0;
+        while k + 4 <= nrows {
+            avx2_rows1::<4>(m, r0 + k, xs[0], &mut out[0][k..k + 4]);
+            k += 4;
+        }
+        while k < nrows {
+            avx2_rows1::<1>(m, r0 + k, xs[0], &mut out[0][k..k + 1]);
+            k += 1;
+        }
+        return;
+    }
     let mag = _mm256_loadu_ps(E2M1.as_ptr());
     let sign = _mm256_set1_epi32(i32::MIN);
     let groups = m.groups();
@@ -234,5 +247,55 @@ pub unsafe fn rows_avx2(
             }
             t0 += nt;
         }
+    }
+}
+
+/// The AVX2 twin of `avx512_rows1`: `R` rows against one input vector, each group's 8 scaled
+/// magnitudes loaded from the scaled tables (the sign applied from bit 3 of each nibble, as in
+/// `rows_avx2`), and the next block of rows prefetched.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_rows1<const R: usize>(m: &Mxfp4Matrix, r0: usize, x: &[f32], out: &mut [f32]) {
+    let tables = scaled_tables().0.as_ptr() as *const f32;
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let groups = m.groups();
+    let pstride = m.cols / 2;
+    let p = m.row_packed(r0).as_ptr();
+    let s = m.row_scales(r0).as_ptr();
+    let (pn, sn) = (p.wrapping_add(R * pstride), s.wrapping_add(R * groups));
+    let lines = (R * 16).div_ceil(64);
+    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+    for g in 0..groups {
+        for l in 0..lines {
+            prefetch(pn.wrapping_add(R * 16 * g + 64 * l));
+        }
+        if g % 16 == 0 {
+            prefetch(sn.wrapping_add(R * g));
+        }
+        let xp = x.as_ptr().add(GROUP * g);
+        let xv = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xp.add(o)));
+        for r in 0..R {
+            let tbl = _mm256_loadu_ps(tables.add(16 * *s.add(r * groups + g) as usize));
+            for h in 0..2 {
+                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    p.add(r * pstride + 16 * g + 8 * h) as *const __m128i
+                ));
+                let slo = _mm256_and_si256(_mm256_slli_epi32(v, 28), sign);
+                let shi = _mm256_and_si256(_mm256_slli_epi32(v, 24), sign);
+                let lo = _mm256_permutevar8x32_ps(tbl, v);
+                let hi = _mm256_permutevar8x32_ps(tbl, _mm256_srli_epi32(v, 4));
+                let wl = _mm256_xor_ps(lo, _mm256_castsi256_ps(slo));
+                let wh = _mm256_xor_ps(hi, _mm256_castsi256_ps(shi));
+                acc[r][2 * h] = _mm256_fmadd_ps(wl, xv[2 * h], acc[r][2 * h]);
+                acc[r][2 * h + 1] = _mm256_fmadd_ps(wh, xv[2 * h + 1], acc[r][2 * h + 1]);
+            }
+        }
+    }
+    for r in 0..R {
+        let mut phys = [0f32; 32];
+        for q in 0..4 {
+            _mm256_storeu_ps(phys.as_mut_ptr().add(8 * q), acc[r][q]);
+        }
+        out[r] = finish(Kernel::Avx2, &phys);
     }
 }
