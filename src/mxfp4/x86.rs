@@ -117,22 +117,15 @@ unsafe fn avx512_bytes(p: *const u8) -> __m512i {
 #[target_feature(enable = "avx512f")]
 unsafe fn avx512_rows1<const R: usize>(m: &Mxfp4Matrix, r0: usize, x: &[f32], out: &mut [f32]) {
     let tables = scaled_tables().0.as_ptr() as *const f32;
-    let groups = m.groups();
-    let pstride = m.cols / 2;
-    let p = m.row_packed(r0).as_ptr();
-    let s = m.row_scales(r0).as_ptr();
-    // The next block: R rows of packed codes (R·16 bytes per group) and of scales. A prefetch
-    // never faults, so running past the matrix's end is harmless.
-    let (pn, sn) = (p.wrapping_add(R * pstride), s.wrapping_add(R * groups));
-    let lines = (R * 16).div_ceil(64);
+    let RowBlock {
+        p,
+        s,
+        groups,
+        pstride,
+    } = RowBlock::new(m, r0);
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for g in 0..groups {
-        for l in 0..lines {
-            prefetch(pn.wrapping_add(R * 16 * g + 64 * l));
-        }
-        if g % 16 == 0 {
-            prefetch(sn.wrapping_add(R * g));
-        }
+        RowBlock::prefetch_next::<R>(p, s, pstride, groups, g);
         let xp = x.as_ptr().add(GROUP * g);
         let x0 = _mm512_loadu_ps(xp);
         let x1 = _mm512_loadu_ps(xp.add(16));
@@ -172,6 +165,45 @@ unsafe fn finish512(even: __m512, odd: __m512) -> f32 {
     let s = _mm_add_ps(_mm512_castps512_ps128(q), _mm512_extractf32x4_ps(q, 2)); // s_i
     let t = _mm_add_ps(s, _mm_shuffle_ps(s, s, 0b10_11_00_01)); // lanes 0, 2: s0+s1, s2+s3
     _mm_cvtss_f32(_mm_add_ss(t, _mm_movehl_ps(t, t)))
+}
+
+/// Where a block of rows starting at `r0` lies: packed codes, scales, and their strides.
+struct RowBlock {
+    p: *const u8,
+    s: *const u8,
+    groups: usize,
+    pstride: usize,
+}
+
+impl RowBlock {
+    #[inline(always)]
+    fn new(m: &Mxfp4Matrix, r0: usize) -> RowBlock {
+        RowBlock {
+            p: m.row_packed(r0).as_ptr(),
+            s: m.row_scales(r0).as_ptr(),
+            groups: m.groups(),
+            pstride: m.cols / 2,
+        }
+    }
+
+    /// At group `g` of a block of `R` rows, prefetches the next block's share: `R·16` bytes of
+    /// packed codes per group (one line for 4 rows), and its scales every 16 groups.
+    #[inline(always)]
+    fn prefetch_next<const R: usize>(
+        p: *const u8,
+        s: *const u8,
+        pstride: usize,
+        groups: usize,
+        g: usize,
+    ) {
+        let (pn, sn) = (p.wrapping_add(R * pstride), s.wrapping_add(R * groups));
+        for l in 0..(R * 16).div_ceil(64) {
+            prefetch(pn.wrapping_add(R * 16 * g + 64 * l));
+        }
+        if g % 16 == 0 {
+            prefetch(sn.wrapping_add(R * g));
+        }
+    }
 }
 
 /// A software prefetch into L1 (never faults, whatever the address).
@@ -258,20 +290,15 @@ pub unsafe fn rows_avx2(
 unsafe fn avx2_rows1<const R: usize>(m: &Mxfp4Matrix, r0: usize, x: &[f32], out: &mut [f32]) {
     let tables = scaled_tables().0.as_ptr() as *const f32;
     let sign = _mm256_set1_epi32(i32::MIN);
-    let groups = m.groups();
-    let pstride = m.cols / 2;
-    let p = m.row_packed(r0).as_ptr();
-    let s = m.row_scales(r0).as_ptr();
-    let (pn, sn) = (p.wrapping_add(R * pstride), s.wrapping_add(R * groups));
-    let lines = (R * 16).div_ceil(64);
+    let RowBlock {
+        p,
+        s,
+        groups,
+        pstride,
+    } = RowBlock::new(m, r0);
     let mut acc = [[_mm256_setzero_ps(); 4]; R];
     for g in 0..groups {
-        for l in 0..lines {
-            prefetch(pn.wrapping_add(R * 16 * g + 64 * l));
-        }
-        if g % 16 == 0 {
-            prefetch(sn.wrapping_add(R * g));
-        }
+        RowBlock::prefetch_next::<R>(p, s, pstride, groups, g);
         let xp = x.as_ptr().add(GROUP * g);
         let xv = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xp.add(o)));
         for r in 0..R {
