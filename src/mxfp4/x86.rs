@@ -200,7 +200,7 @@ impl RowBlock {
         for l in 0..(R * 16).div_ceil(64) {
             prefetch(pn.wrapping_add(R * 16 * g + 64 * l));
         }
-        if g % 16 == 0 {
+        if g.is_multiple_of(16) {
             prefetch(sn.wrapping_add(R * g));
         }
     }
