@@ -169,6 +169,34 @@ fn stream_install_then_run_fetch_and_warm() {
             .unwrap();
     assert_eq!(v["missing_experts"], 0);
     assert_eq!(ids(&deltafin(&hub, &run, &root, &[])), want);
+
+    // A storage home on a streaming install: filled from the install's expert cache, recorded
+    // in install.json, used by `run` without a flag, and kept when setup runs again.
+    let home = dst.path().join("drive2");
+    let h = home.to_str().unwrap();
+    let out = deltafin(&hub, &["populate-home", h, "--all"], &root, &[]);
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["recorded"], true, "{r}");
+    let homes = |root: &Path| -> serde_json::Value {
+        serde_json::from_slice::<serde_json::Value>(
+            &std::fs::read(root.join("deltafin-meta/install.json")).unwrap(),
+        )
+        .unwrap()["homes"]
+            .clone()
+    };
+    let recorded = homes(&root);
+    assert_eq!(recorded.as_array().map(|a| a.len()), Some(1), "{recorded}");
+    let mut with_stats = run.to_vec();
+    with_stats.push("--stats");
+    let out = deltafin(&hub, &with_stats, &root, &[]);
+    assert_eq!(ids(&out), want);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"home_experts\":") && !err.contains("\"home_experts\":0"),
+        "{err}"
+    );
+    deltafin(&hub, &["setup", "--stream", "--repo", REPO], &root, &[]);
+    assert_eq!(homes(&root), recorded, "setup again keeps the homes");
 }
 
 #[test]

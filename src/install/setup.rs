@@ -57,6 +57,8 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
     // interrupted setup from a broken checkpoint).
     let started = serde_json::json!({"repo": opts.repo, "revision": opts.revision});
     write_atomic(&setup_marker(root), started.to_string().as_bytes())?;
+    // Storage homes (`populate-home`) are not part of what setup installs: they survive it.
+    let homes = read_manifest(root).map(|m| m.homes).unwrap_or_default();
     // A re-run replaces the install: until it finishes, the root is an interrupted setup, not
     // the old install with some new files.
     match std::fs::remove_file(manifest_path(root)) {
@@ -65,7 +67,13 @@ pub fn setup(opts: &SetupOptions, mut say: impl FnMut(&str)) -> Result<Plan> {
         Err(e) => return Err(Error::io(manifest_path(root), e)),
     }
     let (plan, cfg, shards, sizes, hub) = plan_in(opts, root.clone(), &mut say)?;
-    install(opts, plan, cfg, shards, sizes, hub)
+    let plan = install(opts, plan, cfg, shards, sizes, hub)?;
+    if let Some(mut m) = read_manifest(root).filter(|_| !homes.is_empty()) {
+        m.homes = homes;
+        let text = serde_json::to_string_pretty(&m).map_err(|e| Error::Msg(e.to_string()))?;
+        write_atomic(&manifest_path(root), text.as_bytes())?;
+    }
+    Ok(plan)
 }
 
 /// A temporary directory removed when dropped.
@@ -280,7 +288,7 @@ fn install(
         revision: Some(hub.revision().to_string()),
         requested: opts.revision.clone(),
         fingerprint: Some(crate::checkpoint::Source::of(&Inventory::from_dir(root)?).fingerprint()),
-        homes: read_manifest(root).map(|m| m.homes).unwrap_or_default(),
+        homes: Vec::new(),
     };
     write_atomic(
         &manifest_path(root),
