@@ -20,18 +20,22 @@ use crate::{Error, Result};
 
 /// Rate assumed for a home before its first read completes (bytes/s).
 const FIRST_RATE: f64 = 1e9;
-/// Weight of the newest read in a home's rate estimate.
-const RATE_WEIGHT: f64 = 0.2;
+/// Weight of the newest busy period in a home's rate estimate.
+const RATE_WEIGHT: f64 = 0.3;
 
 struct Queue {
     /// Bytes of reads started and not finished.
     queued: u64,
-    /// Estimated rate (bytes/s), from finished reads.
+    /// Estimated rate (bytes/s): bytes served over each busy period (from the first read
+    /// queued on an idle home until its queue is empty again), so reads a drive serves in
+    /// parallel and finish together count as the throughput they were, not as instants.
     rate: f64,
     /// Emulation: when the emulated drive finishes what it has been given.
     free_at: Instant,
-    /// When the home's last read finished.
-    last_done: Instant,
+    /// When the current busy period began.
+    busy_since: Instant,
+    /// Bytes finished in the current busy period.
+    busy_bytes: u64,
 }
 
 /// One storage home.
@@ -98,7 +102,8 @@ impl Homes {
                 queued: 0,
                 rate: FIRST_RATE,
                 free_at: Instant::now(),
-                last_done: Instant::now(),
+                busy_since: Instant::now(),
+                busy_bytes: 0,
             });
             homes.push(Home {
                 cache,
@@ -135,6 +140,9 @@ impl Homes {
                 return Ok(false);
             };
             let q = &mut qs[i];
+            if q.queued == 0 {
+                q.busy_since = Instant::now();
+            }
             q.queued += len;
             let due = self.homes[i].emulated_rate.map(|r| {
                 let start = q.free_at.max(Instant::now());
@@ -144,24 +152,19 @@ impl Homes {
             (i, due)
         };
         let h = &self.homes[pick];
-        let t0 = Instant::now();
         let got = h.cache.read_into(layer, expert, buf);
         if let Some(due) = due {
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
         }
-        let now = Instant::now();
         let mut qs = self.queues.lock().map_err(|_| poisoned())?;
         let q = &mut qs[pick];
-        // Service time: since the home's previous read finished, or since this one started when
-        // the home was idle. For a drive serving its queue, that is this read's bytes at its
-        // rate, whatever else was queued.
-        let secs = now
-            .duration_since(q.last_done.max(t0))
-            .as_secs_f64()
-            .max(1e-6);
-        q.last_done = now;
         q.queued -= len;
-        q.rate = (1.0 - RATE_WEIGHT) * q.rate + RATE_WEIGHT * (len as f64 / secs);
+        q.busy_bytes += len;
+        if q.queued == 0 {
+            let secs = q.busy_since.elapsed().as_secs_f64().max(1e-6);
+            q.rate = (1.0 - RATE_WEIGHT) * q.rate + RATE_WEIGHT * (q.busy_bytes as f64 / secs);
+            q.busy_bytes = 0;
+        }
         if matches!(got, Ok(true)) {
             h.served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
