@@ -8,6 +8,7 @@ pub mod dense;
 mod dense_x86;
 pub mod device;
 pub mod layer;
+pub mod options;
 pub mod slot;
 pub mod source;
 

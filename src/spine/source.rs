@@ -19,61 +19,7 @@ use crate::checkpoint::{Dtype, Inventory};
 use crate::fsio::BufPool;
 use crate::{Error, Result};
 
-/// Which spine to use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpineChoice {
-    /// Row-int8 store if converted, else the BF16 store, else the shards.
-    Auto,
-    /// The original weights (BF16 store or the shards).
-    Bf16,
-    /// The row-int8 store (an error if it was not converted).
-    Int8,
-}
-
-/// Spine settings.
-#[derive(Clone)]
-pub struct SpineOptions {
-    /// Format choice.
-    pub choice: SpineChoice,
-    /// Bytes of layers to pin, whole layers in order (`None`: pin everything).
-    pub resident_bytes: Option<u64>,
-    /// Exactly which layers to pin (the memory plan's choice); wins over `resident_bytes`.
-    pub pin: Option<Vec<bool>>,
-    /// Streamed layers in flight (2 = double buffering).
-    pub in_flight: usize,
-    /// The compute device's side (template layers, pinned copies), from
-    /// `compute::spine_device`; `None`: the host kernels read the host bytes.
-    pub device_side: Option<Arc<dyn super::DeviceSide>>,
-    /// Read streamed store layers with parallel `O_DIRECT` requests (for a page cache that
-    /// cannot hold them; the engine decides from the memory plan).
-    pub direct: bool,
-}
-
-impl std::fmt::Debug for SpineOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpineOptions")
-            .field("choice", &self.choice)
-            .field("resident_bytes", &self.resident_bytes)
-            .field("pin", &self.pin)
-            .field("in_flight", &self.in_flight)
-            .field("device_side", &self.device_side.is_some())
-            .field("direct", &self.direct)
-            .finish()
-    }
-}
-
-impl Default for SpineOptions {
-    fn default() -> Self {
-        SpineOptions {
-            choice: SpineChoice::Auto,
-            resident_bytes: None,
-            pin: None,
-            in_flight: 2,
-            device_side: None,
-            direct: false,
-        }
-    }
-}
+pub use super::options::{SpineChoice, SpineOptions};
 
 /// A layer's data for one pass: pinned (shared) or streamed (owned for this use).
 pub enum LayerRef {
