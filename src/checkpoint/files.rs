@@ -12,6 +12,8 @@ use crate::{Error, Result};
 pub struct ShardFiles {
     inv: Arc<Inventory>,
     files: Mutex<HashMap<usize, Arc<File>>>,
+    /// Shards opened for direct reads (`None`: the filesystem refuses them).
+    direct: Mutex<HashMap<usize, Option<Arc<File>>>>,
 }
 
 impl ShardFiles {
@@ -20,6 +22,7 @@ impl ShardFiles {
         ShardFiles {
             inv,
             files: Mutex::new(HashMap::new()),
+            direct: Mutex::new(HashMap::new()),
         }
     }
 
@@ -40,6 +43,20 @@ impl ShardFiles {
         let path = self.inv.shard_path(shard);
         let f = Arc::new(File::open(&path).map_err(|e| Error::io(&path, e))?);
         files.insert(shard, f.clone());
+        Ok(f)
+    }
+
+    /// Shard `shard` opened for direct reads (`fsio::direct`); `None` where they are refused.
+    pub fn get_direct(&self, shard: usize) -> Result<Option<Arc<File>>> {
+        let mut map = self
+            .direct
+            .lock()
+            .map_err(|_| Error::Msg("shard file table poisoned".into()))?;
+        if let Some(f) = map.get(&shard) {
+            return Ok(f.clone());
+        }
+        let f = crate::fsio::direct::open(&self.inv.shard_path(shard))?.map(Arc::new);
+        map.insert(shard, f.clone());
         Ok(f)
     }
 }

@@ -62,6 +62,9 @@ pub struct Inventory {
     /// Tensors skipped because they belong to the vision tower.
     pub skipped: usize,
     tensors: HashMap<String, TensorInfo>,
+    /// Each layer's dense tensor names, sorted (built on first use: one pass over every name,
+    /// instead of one per layer per token: at K3's 0.5 M names that pass cost 12% of a decode).
+    dense: std::sync::OnceLock<HashMap<usize, Vec<String>>>,
 }
 
 /// Where a streaming install keeps the shard headers (`<shard>` files) and `sizes.json`.
@@ -281,6 +284,7 @@ impl Inventory {
             prefix,
             skipped,
             tensors,
+            dense: Default::default(),
         })
     }
 
@@ -340,6 +344,14 @@ impl Inventory {
     /// Full name of a per-layer tensor.
     pub fn layer_name(&self, layer: usize, suffix: &str) -> String {
         format!("{}model.layers.{layer}.{suffix}", self.prefix)
+    }
+
+    /// The full names of layer `layer`'s tensors that are not routed experts, sorted.
+    pub fn dense_layer_names(&self, layer: usize) -> Vec<String> {
+        let by_layer = self
+            .dense
+            .get_or_init(|| super::dense_names::by_layer(self.tensors.keys(), &self.prefix));
+        by_layer.get(&layer).cloned().unwrap_or_default()
     }
 
     /// Looks a tensor up and checks its dtype and shape.

@@ -1,6 +1,7 @@
 //! The K3 checkpoint on disk: safetensors headers, the tensor inventory, expert spans and the
 //! fixture writers.
 
+mod dense_names;
 pub mod experts;
 pub mod files;
 pub mod fixture;

@@ -10,6 +10,8 @@ use crate::{Error, Result};
 
 mod arrival;
 pub mod cache_source;
+#[cfg(test)]
+mod direct_tests;
 pub mod disk;
 pub mod homes;
 mod prefetch;
@@ -18,7 +20,7 @@ mod remote;
 mod stats;
 pub mod tiered;
 
-use crate::fsio::PooledBuf;
+use crate::fsio::{BufPool, PooledBuf};
 pub use disk::{drop_from_page_cache_all, CacheAdvice, DiskCache};
 pub use homes::Homes;
 pub use ram::RamTier;
@@ -118,6 +120,58 @@ pub fn read_span_into(
         o += n as usize;
     }
     Ok(())
+}
+
+/// Reads an expert's contiguous span with 1 MiB `O_DIRECT` requests into a buffer from `pool`
+/// (the aligned range around it, shown through a window): no page-cache copy, which on 2 cores
+/// left the kernel a core's worth of work per token at K3's full shape. `Ok(None)`: the span is
+/// not contiguous or the filesystem refuses direct reads (read it with `read_span_into`).
+pub fn read_span_direct(
+    files: &ShardFiles,
+    span: &ExpertSpan,
+    pool: &Arc<BufPool>,
+) -> Result<Option<PooledBuf>> {
+    use crate::fsio::direct::{read_serial, Request, IO_ALIGN, REQUEST};
+    if !span.is_contiguous() {
+        return Ok(None);
+    }
+    let Some(direct) = files.get_direct(span.shard)? else {
+        return Ok(None);
+    };
+    let buffered = files.get(span.shard)?;
+    let path = files.inventory().shard_path(span.shard);
+    let al = IO_ALIGN as u64;
+    let (s, e) = (span.start(), span.start() + span.len());
+    let (a, b) = (s / al * al, e.div_ceil(al) * al);
+    let mut buf = pool.take_sized((b - a) as usize, span_cap(span.len() as usize))?;
+    if !(buf.as_ptr() as usize).is_multiple_of(IO_ALIGN) {
+        return Ok(None);
+    }
+    let reqs = buf
+        .chunks_mut(REQUEST)
+        .enumerate()
+        .map(|(k, dst)| {
+            let off = a + (k * REQUEST) as u64;
+            Request {
+                direct: &direct,
+                buffered: &buffered,
+                path: &path,
+                off,
+                want: (dst.len() as u64).min(e - off) as usize,
+                dst,
+            }
+        })
+        .collect();
+    read_serial(reqs)?;
+    Ok(buf
+        .set_window((s - a) as usize, span.len() as usize)
+        .then_some(buf))
+}
+
+/// The capacity every expert buffer of a pool gets for a span of `len` bytes: room for the
+/// aligned range a direct read covers, so one pool serves both kinds of read.
+pub fn span_cap(len: usize) -> usize {
+    len + 2 * crate::fsio::direct::IO_ALIGN
 }
 
 impl ExpertProvider for ShardExperts {

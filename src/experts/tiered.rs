@@ -122,7 +122,7 @@ impl Inner {
             .span(layer, expert)
             .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {expert}")))?;
         let len = span.len() as usize;
-        let mut buf = self.bufs.take(len)?;
+        let mut buf = self.bufs.take_sized(len, super::span_cap(len))?;
         if let Some(h) = &self.homes {
             if h.read_into(layer, expert, &mut buf)? {
                 return Ok(Some((buf, Tier::Home)));
@@ -136,6 +136,13 @@ impl Inner {
         let Some(files) = self.files.as_ref() else {
             return Ok(None);
         };
+        if self.advice == CacheAdvice::Auto {
+            drop(buf); // back to the pool, for the direct read to take
+            if let Some(b) = super::read_span_direct(files, span, &self.bufs)? {
+                return Ok(Some((b, Tier::Shard)));
+            }
+            buf = self.bufs.take_sized(len, super::span_cap(len))?;
+        }
         read_span_into(files, span, &mut buf, self.advice)?;
         Ok(Some((buf, Tier::Shard)))
     }

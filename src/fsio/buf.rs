@@ -19,6 +19,8 @@ pub const ALIGN: usize = if cfg!(target_os = "macos") {
 /// A zero-initialised, page-aligned byte buffer.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
+    /// Where the visible bytes start (0 but for a direct read of an unaligned file range).
+    start: usize,
     len: usize,
     cap: usize,
 }
@@ -37,7 +39,12 @@ impl AlignedBuf {
         let ptr = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr)
             .ok_or_else(|| Error::Msg(format!("out of memory allocating {cap} bytes")))?;
-        Ok(AlignedBuf { ptr, len: cap, cap })
+        Ok(AlignedBuf {
+            ptr,
+            start: 0,
+            len: cap,
+            cap,
+        })
     }
 
     /// Capacity in bytes.
@@ -45,24 +52,30 @@ impl AlignedBuf {
         self.cap
     }
 
-    /// Sets the visible length (at most the capacity).
+    /// Sets the visible bytes to the first `len` (at most the capacity).
     pub fn set_len(&mut self, len: usize) {
-        self.len = len.min(self.cap);
+        self.set_window(0, len);
+    }
+
+    /// Sets the visible bytes to `len` bytes from `start` (clamped to the capacity).
+    pub fn set_window(&mut self, start: usize, len: usize) {
+        self.start = start.min(self.cap);
+        self.len = len.min(self.cap - self.start);
     }
 }
 
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` owns `cap >= len` initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: `ptr` owns `cap >= start + len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(self.start), self.len) }
     }
 }
 
 impl DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` guarantees exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(self.start), self.len) }
     }
 }
 
@@ -163,8 +176,21 @@ impl PooledBuf {
     /// the visible bytes), so a GPU API may wrap the memory in place.
     pub fn aligned_region(&self) -> Option<(*const u8, usize)> {
         match &self.0 {
-            Inner::Pooled(Some(b), _) => Some((b.as_ptr(), b.capacity())),
+            Inner::Pooled(Some(b), _) if b.start == 0 => Some((b.as_ptr(), b.capacity())),
             _ => None,
+        }
+    }
+
+    /// For a pooled buffer: makes `len` bytes from `start` of its allocation the visible ones
+    /// (a direct read lands an unaligned range `start` bytes into an aligned buffer); `false`
+    /// for other buffers or a window past the allocation.
+    pub fn set_window(&mut self, start: usize, len: usize) -> bool {
+        match &mut self.0 {
+            Inner::Pooled(Some(b), _) if start + len <= b.capacity() => {
+                b.set_window(start, len);
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -257,5 +283,19 @@ mod tests {
         let f = pool.take(1).unwrap();
         drop((d, e, f));
         assert_eq!(pool.idle(), 2, "at most max_free idle buffers");
+        let pool = BufPool::new(1);
+        let mut w = pool.take(8192).unwrap();
+        let base = w.as_ptr();
+        w[100] = 7;
+        assert!(w.set_window(100, 50) && w.len() == 50 && w[0] == 7);
+        assert!(w.aligned_region().is_none(), "a window is not page-aligned");
+        assert!(!w.set_window(8000, 8192));
+        drop(w);
+        let again = pool.take(4096).unwrap();
+        assert_eq!(
+            (again.as_ptr(), again.len()),
+            (base, 4096),
+            "a reused buffer starts at 0"
+        );
     }
 }

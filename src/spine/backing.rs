@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::convert::{
     global_names, is_small, layer_names, store_dir, store_state, SpineFormat, StoreState,
 };
-use super::layer::{packed_len, parse_header, read_file_direct, read_file_sized, Entry, LayerData};
+use super::layer::{parse_header, read_file_direct, read_file_sized, Entry, LayerData};
 use super::source::{Spine, SpineChoice};
 use super::ShardSpine;
 use crate::checkpoint::DtypeExt;
@@ -62,11 +62,14 @@ impl Inner {
                 |_| true,
                 pool,
                 cap,
+                self.direct.load(std::sync::atomic::Ordering::Relaxed),
             ),
         }
     }
 }
 
+/// The tensors `names` (stripped of `strip`) that `keep` accepts, gathered from the shards
+/// (`direct`: with parallel `O_DIRECT` reads).
 pub(super) fn pack_from_shards(
     s: &ShardSpine,
     names: &[String],
@@ -74,22 +77,10 @@ pub(super) fn pack_from_shards(
     keep: impl Fn(&[usize]) -> bool,
     pool: &Arc<BufPool>,
     cap: usize,
+    direct: bool,
 ) -> Result<LayerData> {
-    let mut tensors = Vec::new();
-    let mut infos = Vec::new();
-    for full in names {
-        let t = s.info(full)?;
-        if keep(&t.shape) {
-            tensors.push((
-                full.strip_prefix(strip).unwrap_or(full).to_string(),
-                t.dtype,
-                t.shape.clone(),
-                t.len() as usize,
-            ));
-            infos.push(t);
-        }
-    }
-    LayerData::gather(&tensors, pool, cap, |i, dst| s.read_into(infos[i], dst))
+    let pieces = super::gather::pieces(s, names, strip, keep)?;
+    super::gather::gather(s, &pieces, pool, cap, direct)
 }
 
 /// Reads only the small tensors of a spine file (header, then one positioned read each).
@@ -204,13 +195,10 @@ impl Spine {
                 Backing::Files(d) => std::fs::metadata(d.join(format!("layer-{l:03}.bin")))
                     .map(|m| m.len())
                     .unwrap_or(0),
-                // As `gather` packs them (64-byte aligned), so a template buffer fits any layer.
-                Backing::Shards(_) => packed_len(
-                    layer_names(inv, l)
-                        .iter()
-                        .filter_map(|n| inv.get(n))
-                        .map(|t| t.len() as usize),
-                ) as u64,
+                // As `gather` lays them out, so a template buffer fits any layer.
+                Backing::Shards(s) => super::gather::pieces(s, &layer_names(inv, l), "", |_| true)
+                    .map(|p| super::gather::layout(&p).1 as u64)
+                    .unwrap_or(0),
             })
             .collect()
     }

@@ -175,14 +175,7 @@ pub fn convert_group(
 
 /// The full names of layer `l`'s dense tensors.
 pub fn layer_names(inv: &Inventory, l: usize) -> Vec<String> {
-    let p = inv.layer_name(l, "");
-    let mut v: Vec<String> = inv
-        .iter()
-        .filter(|(n, _)| n.starts_with(&p) && !n.contains(".experts."))
-        .map(|(n, _)| n.clone())
-        .collect();
-    v.sort();
-    v
+    inv.dense_layer_names(l)
 }
 
 /// The tail tensors (final norm, output AttnRes, lm_head).

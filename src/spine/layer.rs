@@ -81,26 +81,15 @@ impl LayerData {
         }
     }
 
-    /// Gathers tensors `(name, dtype, shape, byte length)` into one pooled buffer, each read in
-    /// place by `read(index, destination)` (no intermediate copies).
-    pub fn gather(
-        tensors: &[(String, Dtype, Vec<usize>, usize)],
-        pool: &Arc<BufPool>,
-        cap: usize,
-        mut read: impl FnMut(usize, &mut [u8]) -> Result<()>,
-    ) -> Result<Self> {
-        let (entries, off) = place(tensors.iter().map(|(n, d, s, len)| (n, *d, s, *len, 0)), 0);
-        let mut buf = pool.take_sized(off, cap)?;
-        for (i, e) in entries.iter().enumerate() {
-            read(i, &mut buf[e.offset..e.offset + e.len])?;
-        }
-        Ok(LayerData {
+    /// A buffer gathered from the shards with its layout (`spine::gather`).
+    pub(super) fn from_gathered(buf: PooledBuf, entries: Vec<Entry>) -> Self {
+        LayerData {
             buf,
             index: index_of(&entries),
             entries,
             source: None,
             device: None,
-        })
+        }
     }
 
     /// The checkpoint fingerprint the file this came from records (`None` for a buffer packed
@@ -206,11 +195,6 @@ fn index_of(entries: &[Entry]) -> HashMap<String, usize> {
         .collect()
 }
 
-/// The layout `LayerData::gather` gives tensors `(name, dtype, shape, byte length)`.
-pub fn gather_layout(tensors: &[(String, Dtype, Vec<usize>, usize)]) -> Vec<Entry> {
-    place(tensors.iter().map(|(n, d, s, len)| (n, *d, s, *len, 0)), 0).0
-}
-
 fn layout(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], start: usize) -> (Vec<Entry>, usize) {
     place(
         tensors
@@ -218,14 +202,6 @@ fn layout(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)], start: usize) -> (Ve
             .map(|(n, d, s, b)| (n, *d, s, b.len(), checksum(b))),
         start,
     )
-}
-
-/// Bytes `LayerData::gather` needs for tensors of these lengths, in order (each 64-byte
-/// aligned).
-pub fn packed_len(lens: impl Iterator<Item = usize>) -> usize {
-    lens.fold(0, |off, len| {
-        off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN + len
-    })
 }
 
 /// Entries for `(name, dtype, shape, length, checksum)` placed from `start`, each 64-byte

@@ -7,6 +7,7 @@ pub mod dense;
 #[cfg(target_arch = "x86_64")]
 mod dense_x86;
 pub mod device;
+mod gather;
 pub mod layer;
 pub mod options;
 pub mod slot;
@@ -49,6 +50,29 @@ impl ShardSpine {
         let f = self.files.get(t.shard)?;
         f.read_exact_at(dst, t.start)
             .map_err(|e| Error::io(self.inv.shard_path(t.shard), e))
+    }
+
+    /// Reads `dst.len()` bytes of shard `shard` from `off`.
+    pub fn read_at(&self, shard: usize, dst: &mut [u8], off: u64) -> Result<()> {
+        self.files
+            .get(shard)?
+            .read_exact_at(dst, off)
+            .map_err(|e| Error::io(self.inv.shard_path(shard), e))
+    }
+
+    /// The open file of shard `shard`.
+    pub fn file(&self, shard: usize) -> Result<Arc<std::fs::File>> {
+        self.files.get(shard)
+    }
+
+    /// Shard `shard` opened for direct reads (`fsio::direct`); `None` where they are refused.
+    pub fn direct_file(&self, shard: usize) -> Result<Option<Arc<std::fs::File>>> {
+        self.files.get_direct(shard)
+    }
+
+    /// Path of shard `shard`.
+    pub fn shard_path(&self, shard: usize) -> std::path::PathBuf {
+        self.inv.shard_path(shard)
     }
 
     /// Raw bytes of a tensor.

@@ -129,6 +129,7 @@ impl Spine {
                     |_| true,
                     &BufPool::new(0),
                     0,
+                    false,
                 )?;
                 let name = inv.name("model.embed_tokens.weight");
                 let t = inv.get(&name).ok_or_else(|| Error::Tensor {
@@ -200,16 +201,17 @@ impl Spine {
             .collect()
     }
 
-    /// Reads streamed store layers with parallel `O_DIRECT` requests from now on (or not).
+    /// Reads streamed layers (store files, or the shards' tensors) with parallel `O_DIRECT`
+    /// requests from now on (or not).
     pub fn set_direct(&self, on: bool) {
         self.inner
             .direct
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether streamed store layers are read with `O_DIRECT` (and the store is in use).
+    /// Whether streamed layers are read with `O_DIRECT`.
     pub fn direct(&self) -> bool {
-        self.from_store() && self.inner.direct.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.direct.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the spine comes from a converted store (rather than the shards).
@@ -228,6 +230,7 @@ impl Spine {
                 is_small,
                 &BufPool::new(0),
                 0,
+                false,
             ),
         }
     }
@@ -239,19 +242,9 @@ impl Spine {
             Backing::Files(_) => super::slot::read_layout(&self.inner.layer_path(l)),
             Backing::Shards(s) => {
                 let strip = self.inner.inv.layer_name(l, "");
-                let tensors = layer_names(&self.inner.inv, l)
-                    .iter()
-                    .map(|full| {
-                        let t = s.info(full)?;
-                        Ok((
-                            full.strip_prefix(&strip).unwrap_or(full).to_string(),
-                            t.dtype,
-                            t.shape.clone(),
-                            t.len() as usize,
-                        ))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(super::layer::gather_layout(&tensors))
+                let pieces =
+                    super::gather::pieces(s, &layer_names(&self.inner.inv, l), &strip, |_| true)?;
+                Ok(super::gather::layout(&pieces).0)
             }
         }
     }
