@@ -27,7 +27,7 @@ pub(super) struct Inner {
     pub(super) inv: Arc<Inventory>,
     pub(super) format: SpineFormat,
     pub(super) pool: Arc<BufPool>,
-    /// Streamed store layers are read with parallel `O_DIRECT` requests.
+    /// Streamed layers (store files or shard gathers) are read with parallel `O_DIRECT` requests.
     pub(super) direct: std::sync::atomic::AtomicBool,
 }
 
