@@ -50,3 +50,28 @@ fn direct_span_reads_match_buffered_reads() {
     };
     assert!(read_span_direct(&files, &gap, &pool).unwrap().is_none());
 }
+
+#[test]
+fn disk_cache_pooled_reads_match_the_published_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cache = DiskCache::new(dir.path(), CacheAdvice::Auto).unwrap();
+    cache.verify = true;
+    let pool = BufPool::new(2);
+    let lens = [1usize, 4095, 4096, (1 << 20) + 7, 3 * (1 << 20) + 4097];
+    for (e, &len) in lens.iter().enumerate() {
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 29 + e + i / 4096) as u8).collect();
+        cache.publish(0, e, &bytes).unwrap();
+        let mut buf = pool.take_sized(len, span_cap(len)).unwrap();
+        assert!(cache.read_into_pooled(0, e, &mut buf).unwrap(), "len {len}");
+        assert_eq!(buf.len(), len);
+        assert!(buf[..] == bytes[..], "len {len}");
+    }
+    // A corrupted file fails its checksum on the direct path too, and is removed.
+    let p = cache.path(0, 3);
+    let mut b = std::fs::read(&p).unwrap();
+    b[5000] ^= 1;
+    std::fs::write(&p, &b).unwrap();
+    let mut buf = pool.take_sized(lens[3], span_cap(lens[3])).unwrap();
+    assert!(!cache.read_into_pooled(0, 3, &mut buf).unwrap());
+    assert!(!p.exists());
+}

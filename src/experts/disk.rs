@@ -8,7 +8,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::fsio::checksum;
+use crate::fsio::{checksum, PooledBuf};
 use crate::{Error, Result};
 
 /// Whether to keep expert reads out of the OS page cache.
@@ -110,11 +110,48 @@ impl DiskCache {
     /// Reads an expert into `buf` (whose length is the span's); `Ok(false)` when absent or
     /// invalid (invalid files are removed with a warning).
     pub fn read_into(&self, layer: usize, expert: usize, buf: &mut [u8]) -> Result<bool> {
-        let path = self.path(layer, expert);
+        let Some((f, path)) = self.open_checked(layer, expert, buf.len())? else {
+            return Ok(false);
+        };
+        f.read_exact_at(buf, 0).map_err(|e| Error::io(&path, e))?;
+        drop_from_page_cache(&f, 0, buf.len() as u64, self.advice);
+        Ok(self.verified(layer, expert, buf))
+    }
+
+    /// `read_into` a pooled buffer: on Linux with `CacheAdvice::Auto`, 1 MiB `O_DIRECT`
+    /// requests straight into it (no page-cache copy; the buffer needs room for the length
+    /// rounded up to 4 KiB), else the buffered read.
+    pub fn read_into_pooled(
+        &self,
+        layer: usize,
+        expert: usize,
+        buf: &mut PooledBuf,
+    ) -> Result<bool> {
         let len = buf.len();
+        let Some((f, path)) = self.open_checked(layer, expert, len)? else {
+            return Ok(false);
+        };
+        let direct = self.advice == CacheAdvice::Auto
+            && crate::fsio::direct::read_head_serial(&path, &f, len, buf)?;
+        if !direct {
+            f.read_exact_at(buf, 0).map_err(|e| Error::io(&path, e))?;
+            drop_from_page_cache(&f, 0, len as u64, self.advice);
+        }
+        Ok(self.verified(layer, expert, buf))
+    }
+
+    /// The expert's file opened, when it exists with the span's size (a wrong-sized one is
+    /// deleted).
+    fn open_checked(
+        &self,
+        layer: usize,
+        expert: usize,
+        len: usize,
+    ) -> Result<Option<(File, PathBuf)>> {
+        let path = self.path(layer, expert);
         let f = match File::open(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(&path, e)),
         };
         no_cache_on_open(&f, self.advice);
@@ -122,26 +159,31 @@ impl DiskCache {
         if size != len as u64 {
             tracing::warn!(path = %path.display(), size, expected = len, "expert cache file has the wrong size; deleting it");
             self.invalidate(layer, expert);
-            return Ok(false);
+            return Ok(None);
         }
-        f.read_exact_at(buf, 0).map_err(|e| Error::io(&path, e))?;
-        drop_from_page_cache(&f, 0, len as u64, self.advice);
-        if self.verify {
-            let want = std::fs::read_to_string(self.sum_path(layer, expert))
-                .ok()
-                .and_then(|t| u64::from_str_radix(t.trim(), 16).ok());
-            if want != Some(checksum(buf)) {
-                let why = if want.is_some() {
-                    "fails its checksum"
-                } else {
-                    "has no checksum"
-                };
-                tracing::warn!(path = %path.display(), "expert cache file {why}; deleting it");
-                self.invalidate(layer, expert);
-                return Ok(false);
-            }
+        Ok(Some((f, path)))
+    }
+
+    /// Whether `bytes` pass the recorded checksum (always, when this cache does not verify); a
+    /// failing or unchecked file is deleted.
+    fn verified(&self, layer: usize, expert: usize, bytes: &[u8]) -> bool {
+        if !self.verify {
+            return true;
         }
-        Ok(true)
+        let want = std::fs::read_to_string(self.sum_path(layer, expert))
+            .ok()
+            .and_then(|t| u64::from_str_radix(t.trim(), 16).ok());
+        if want == Some(checksum(bytes)) {
+            return true;
+        }
+        let why = if want.is_some() {
+            "fails its checksum"
+        } else {
+            "has no checksum"
+        };
+        tracing::warn!(path = %self.path(layer, expert).display(), "expert cache file {why}; deleting it");
+        self.invalidate(layer, expert);
+        false
     }
 
     /// Reads an expert of `len` bytes; `Ok(None)` when absent or invalid.

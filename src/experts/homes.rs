@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::disk::{CacheAdvice, DiskCache};
+use crate::fsio::PooledBuf;
 use crate::{Error, Result};
 
 /// Rate assumed for a home before its first read completes (bytes/s).
@@ -123,9 +124,10 @@ impl Homes {
         &self.homes
     }
 
-    /// Reads an expert into `buf` (its span's length) from the home expected to finish first;
+    /// Reads an expert into the pooled `buf` (its span's length) from the home expected to finish
+    /// first (`DiskCache::read_into_pooled`);
     /// `Ok(false)` when no home holds it (or the file proved invalid and was removed).
-    pub fn read_into(&self, layer: usize, expert: usize, buf: &mut [u8]) -> Result<bool> {
+    pub fn read_into(&self, layer: usize, expert: usize, buf: &mut PooledBuf) -> Result<bool> {
         let len = buf.len() as u64;
         let (pick, due) = {
             let mut qs = self.queues.lock().map_err(|_| poisoned())?;
@@ -152,7 +154,7 @@ impl Homes {
             (i, due)
         };
         let h = &self.homes[pick];
-        let got = h.cache.read_into(layer, expert, buf);
+        let got = h.cache.read_into_pooled(layer, expert, buf);
         if let Some(due) = due {
             std::thread::sleep(due.saturating_duration_since(Instant::now()));
         }

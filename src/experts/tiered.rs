@@ -129,7 +129,7 @@ impl Inner {
             }
         }
         if let Some(d) = &self.disk {
-            if d.read_into(layer, expert, &mut buf)? {
+            if d.read_into_pooled(layer, expert, &mut buf)? {
                 return Ok(Some((buf, Tier::Disk)));
             }
         }

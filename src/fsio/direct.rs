@@ -123,6 +123,44 @@ fn read_one(r: Request<'_>) -> Result<()> {
     }
 }
 
+/// Reads the first `len` bytes of the file at `path` (`buffered`: it, opened plainly) into the
+/// pooled `buf` with `REQUEST`-sized direct reads on this thread; the buffer's window is widened
+/// to the aligned length for the reads and set back to `len`. `Ok(false)`: nothing was read (no
+/// direct reads here, or the buffer cannot hold the aligned length).
+pub fn read_head_serial(
+    path: &Path,
+    buffered: &File,
+    len: usize,
+    buf: &mut crate::fsio::PooledBuf,
+) -> Result<bool> {
+    let padded = len.div_ceil(IO_ALIGN) * IO_ALIGN;
+    if !buf.set_window(0, padded) {
+        return Ok(false);
+    }
+    let direct = match open(path) {
+        Ok(Some(d)) if (buf.as_ptr() as usize).is_multiple_of(IO_ALIGN) => d,
+        other => {
+            buf.set_window(0, len);
+            return other.map(|_| false);
+        }
+    };
+    let reqs = buf
+        .chunks_mut(REQUEST)
+        .enumerate()
+        .map(|(i, dst)| Request {
+            direct: &direct,
+            buffered,
+            path,
+            off: (i * REQUEST) as u64,
+            want: dst.len().min(len - i * REQUEST),
+            dst,
+        })
+        .collect();
+    let read = read_serial(reqs);
+    buf.set_window(0, len);
+    read.map(|()| true)
+}
+
 /// Reads all `len` bytes of `path` into `buf` (page-aligned, at least `len` rounded up to
 /// `IO_ALIGN` long) in `REQUEST`-sized direct reads. `Ok(false)`: this platform or filesystem
 /// does not do direct reads (nothing was read; read it some other way).
