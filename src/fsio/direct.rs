@@ -141,7 +141,16 @@ pub fn read_head_serial(
         Ok(Some(d)) if (buf.as_ptr() as usize).is_multiple_of(IO_ALIGN) => d,
         other => {
             buf.set_window(0, len);
-            return other.map(|_| false);
+            return match other {
+                // Removed since the caller opened it (by another process sharing the cache):
+                // the caller's handle still reads the bytes.
+                Err(crate::Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    Ok(false)
+                }
+                other => other.map(|_| false),
+            };
         }
     };
     let reqs = buf

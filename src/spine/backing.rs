@@ -216,11 +216,10 @@ impl Spine {
             Backing::Files(d) => std::fs::metadata(d.join("global.bin"))
                 .map(|m| m.len())
                 .unwrap_or(0),
-            Backing::Shards(_) => global_names(inv)
-                .iter()
-                .filter_map(|n| inv.get(n))
-                .map(|t| t.len())
-                .sum(),
+            // As `gather` lays them out (up to 4 KiB per tensor above their raw lengths).
+            Backing::Shards(s) => super::gather::pieces(s, &global_names(inv), "", |_| true)
+                .map(|p| super::gather::layout(&p).1 as u64)
+                .unwrap_or(0),
         };
         Ok((Self::layer_sizes(&backing, inv, num_layers), global))
     }
