@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle::Tensor;
 
 use super::kda_kernels::{self, KdaDims, KdaInputs};
-use super::ops::{rms_norm, sigmoid};
+use super::ops::{l2_normalize_qk, rms_norm, sigmoid};
 use super::verify::KdaUndo;
 use super::weights::LayerWeights;
 use crate::compute::dense;
@@ -37,6 +37,8 @@ pub struct KdaState {
 pub struct Kda {
     o_norm: Tensor,
     conv_w: [Vec<f32>; 3],
+    /// `exp(A_log[h])`, one per head (spec §3.4: `A_log` is per head; entries past `heads`
+    /// are the checkpoint's zero padding and are not read).
     a_exp: Vec<f32>,
     dt_bias: Vec<f32>,
     heads: usize,
@@ -74,7 +76,7 @@ impl Kda {
         );
         let p = hk * d;
         let host = |n: &str, shape: &[usize]| w.values(n, shape);
-        let a_log = host("self_attn.A_log", &[d])?;
+        let a_log = w.a_log(hk)?;
         Ok(Kda {
             o_norm: w.get("self_attn.o_norm.weight", &[d])?,
             conv_w: [
@@ -134,6 +136,20 @@ impl Kda {
         y
     }
 
+    /// The decay gate `g [T, heads, d]` from `graw [T, P]`: head `h` scales all its channels by
+    /// `exp(A_log[h])` (per head, as mlx-lm, fla and Moonshot's module read it).
+    fn gate(&self, graw: &[f32]) -> Vec<f32> {
+        let p = self.heads * self.d;
+        graw.iter()
+            .enumerate()
+            .map(|(i, gr)| {
+                let c = i % p;
+                let a = self.a_exp[c / self.d] * (gr + self.dt_bias[c]);
+                self.lower_bound * (1.0 / (1.0 + (-a).exp()))
+            })
+            .collect()
+    }
+
     /// `x` is the normalised layer input `[T, H]`; returns `[T, H]`. With `undo` (a verify
     /// pass) the recurrence runs per position, the state keeps only the first position and
     /// `undo` records what replaying the others needs (`super::verify`).
@@ -174,20 +190,9 @@ impl Kda {
         let mut q = self.conv(0, &qp, t, &mut conv[..hl]);
         let mut k = self.conv(1, &kp, t, &mut conv[hl..2 * hl]);
         let v = self.conv(2, &vp, t, &mut conv[2 * hl..]);
-        let qscale = 1.0 / (d as f32).sqrt();
-        for (chunk_q, chunk_k) in q.chunks_mut(d).zip(k.chunks_mut(d)) {
-            let nq = chunk_q.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-            chunk_q.iter_mut().for_each(|x| *x = *x / nq * qscale);
-            let nk = chunk_k.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-            chunk_k.iter_mut().for_each(|x| *x /= nk);
-        }
+        l2_normalize_qk(&mut q, &mut k, d);
         let beta: Vec<f32> = braw.iter().map(|b| 1.0 / (1.0 + (-b).exp())).collect();
-        let mut g = vec![0f32; t * p];
-        for (i, gi) in g.iter_mut().enumerate() {
-            let c = i % p;
-            let a = self.a_exp[c % d] * (graw[i] + self.dt_bias[c]);
-            *gi = self.lower_bound * (1.0 / (1.0 + (-a).exp()));
-        }
+        let g = self.gate(&graw);
         let s = Arc::make_mut(&mut st.s);
         let dims = KdaDims { t, h: hk, d };
         let inp = KdaInputs {
@@ -207,4 +212,71 @@ impl Kda {
         let o = o.mul(&sigmoid(&gout.reshape((t, hk, d))?)?)?; // [T, heads, d]
         dense(&o.reshape((t, p))?, &m(&w.o)?)
     }
+}
+
+/// A KDA layer whose stored `A_log` holds non-zero values past its first `num_heads` entries:
+/// the reference ignores them (only the per-head values are read), so they point at a checkpoint
+/// written under the per-channel misreading.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ALogPadding {
+    /// Layer index.
+    pub layer: usize,
+    /// Non-zero entries past `num_heads`.
+    pub nonzero: usize,
+    /// The largest of them in absolute value.
+    pub max_abs: f32,
+}
+
+/// Reads every KDA layer's `A_log` from the checkpoint and returns the layers with non-zero
+/// padding (what `doctor` reports).
+pub fn a_log_padding(
+    inv: &crate::checkpoint::Inventory,
+    cfg: &crate::K3Config,
+) -> Result<Vec<ALogPadding>> {
+    use crate::checkpoint::Dtype;
+    use std::os::unix::fs::FileExt;
+    let heads = cfg.text().linear_attn_config.num_heads;
+    let mut out = Vec::new();
+    for (layer, kind) in cfg.schedule.iter().enumerate() {
+        if kind.attn != crate::config::AttnKind::Kda {
+            continue;
+        }
+        let name = inv.layer_name(layer, "self_attn.A_log");
+        let info = inv.get(&name).ok_or_else(|| crate::Error::Tensor {
+            name: name.clone(),
+            msg: "missing from the checkpoint".into(),
+        })?;
+        let path = inv.shard_path(info.shard);
+        let mut bytes = vec![0u8; info.len() as usize];
+        std::fs::File::open(&path)
+            .and_then(|f| f.read_exact_at(&mut bytes, info.start))
+            .map_err(|e| crate::Error::io(&path, e))?;
+        let values: Vec<f32> = match info.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            d => {
+                return Err(crate::Error::Tensor {
+                    name,
+                    msg: format!("dtype {d:?}, expected F32 or BF16"),
+                })
+            }
+        };
+        let pad = values.get(heads..).unwrap_or(&[]);
+        let nonzero = pad.iter().filter(|v| **v != 0.0).count();
+        if nonzero > 0 {
+            let max_abs = pad.iter().fold(0f32, |m, v| m.max(v.abs()));
+            out.push(ALogPadding {
+                layer,
+                nonzero,
+                max_abs,
+            });
+        }
+    }
+    Ok(out)
 }

@@ -6,7 +6,7 @@ use candle::{Device, Tensor, D};
 use rayon::prelude::*;
 
 use super::mla_cache::{attend, LatentCache};
-use super::ops::{rms_norm, sigmoid};
+use super::ops::{rms_norm, sigmoid, MLA_LATENT_NORM_EPS};
 use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::spine::dense::DenseMatrix;
@@ -41,7 +41,6 @@ pub struct Mla {
     rope: usize,
     v_dim: usize,
     kv_lora: usize,
-    eps: f64,
     m: MlaMatrices,
 }
 
@@ -86,7 +85,6 @@ impl Mla {
             rope: c.qk_rope_head_dim,
             v_dim: c.v_head_dim,
             kv_lora: c.kv_lora_rank,
-            eps: c.rms_norm_eps,
             m,
         })
     }
@@ -157,7 +155,7 @@ impl Mla {
         let qa = rms_norm(
             &dense(x, &m(&w.q_a)?)?, // [T, q_lora]
             &self.q_a_norm,
-            self.eps,
+            MLA_LATENT_NORM_EPS,
         )?;
         let q = dense(&qa, &m(&w.q_b)?)?; // [T, nh·dq]
         let q = q.reshape((t, nh, nope + rope))?.transpose(0, 1)?; // [nh, T, dq]
@@ -167,7 +165,7 @@ impl Mla {
         let c_n = rms_norm(
             &ckv.narrow(1, 0, kl)?.contiguous()?,
             &self.kv_a_norm,
-            self.eps,
+            MLA_LATENT_NORM_EPS,
         )?;
         let kpe = ckv.narrow(1, kl, rope)?.contiguous()?; // [T, rope]
         let past = st.cache.len();

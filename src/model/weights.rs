@@ -48,6 +48,33 @@ impl LayerWeights<'_> {
         bind(self.layout, name, rows, cols)
     }
 
+    /// KDA's `A_log` as `heads` per-head values: the first `heads` entries of the stored vector
+    /// (K3 pads it with zeros to `head_dim`); a shorter or multi-dimensional tensor is an error
+    /// naming it. Non-zero padding is ignored here, as the reference ignores it (`doctor` says so).
+    pub fn a_log(&self, heads: usize) -> Result<Vec<f32>> {
+        let name = "self_attn.A_log";
+        let stored = self
+            .layout
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.shape.clone());
+        let bad = |msg: String| Error::Tensor {
+            name: format!("layer {} {name}", self.layer),
+            msg,
+        };
+        let shape = stored.ok_or_else(|| bad("missing from the checkpoint".into()))?;
+        let len: usize = shape.iter().product();
+        if shape.iter().filter(|&&n| n != 1).count() > 1 || len < heads {
+            return Err(bad(format!(
+                "shape {shape:?}: expected one value per KDA head ({heads}), optionally \
+                 zero-padded (K3 stores [head_dim])"
+            )));
+        }
+        let mut v = self.values(name, &shape)?;
+        v.truncate(heads);
+        Ok(v)
+    }
+
     /// A small tensor as host f32 values.
     pub fn values(&self, suffix: &str, shape: &[usize]) -> Result<Vec<f32>> {
         Ok(self.get(suffix, shape)?.flatten_all()?.to_vec1()?)

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::Net;
-use crate::checkpoint::fixture::{model_units, write_model_data};
+use crate::checkpoint::fixture::{check_a_log_padding, model_units, write_model_data};
 use crate::tokenizer::parse_ranks;
 use crate::{Error, Result};
 
@@ -23,6 +23,7 @@ pub fn export(
     let path = tokenizer.join("tiktoken.model");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let ranks = parse_ranks(&text, &path.display().to_string())?;
+    check_a_log_padding(&net.cfg)?;
     let units = model_units(&net.cfg, "language_model.", true, false);
     let data = net.k3_tensors()?;
     write_model_data(out, config, units, shards, 0, &ranks, false, &data)

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use candle::{DType, Device, Tensor, Var, D};
 
 use crate::config::{AttnKind, FfnKind, K3Config};
-use crate::model::ops::{rms_norm, rms_normalize, sigmoid, situ};
+use crate::model::ops::{
+    rms_norm, rms_normalize, sigmoid, situ, KDA_QK_L2_EPS, MLA_LATENT_NORM_EPS,
+};
 use crate::{Error, Result};
 
 /// The trainer's model: config, trainable parameters, router biases.
@@ -49,8 +51,9 @@ fn attn_res(values: &[Tensor], w_norm: &Tensor, w_proj: &Tensor, eps: f64) -> Re
 }
 
 /// `x / max(‖x‖₂, 1e-12)` over the last dimension.
+/// KDA's q/k norm over the last dimension: `x · rsqrt(Σx² + ε)` (as `model::ops::l2_normalize_qk`).
 fn l2norm(x: &Tensor) -> candle::Result<Tensor> {
-    let n = x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
+    let n = (x.sqr()?.sum_keepdim(D::Minus1)? + KDA_QK_L2_EPS as f64)?.sqrt()?;
     x.broadcast_div(&n)
 }
 
@@ -182,7 +185,8 @@ impl Net {
         let graw = linear(&linear(x, a("f_a_proj.weight")?)?, a("f_b_proj.weight")?)?
             .reshape((b, t, nh, d))?;
         let dt = a("dt_bias")?.reshape((nh, d))?;
-        let decay_rate = a("A_log")?.exp()?; // [d]
+        // Per head: only the first `nh` entries of `A_log [d]` are read (the rest stay zero).
+        let decay_rate = a("A_log")?.narrow(0, 0, nh)?.exp()?.reshape((nh, 1))?; // [nh, 1]
         let gate = (sigmoid(&graw.broadcast_add(&dt)?.broadcast_mul(&decay_rate)?)?
             * la.gate_lower_bound)?;
         // Time-major `[T, B·nh, rows, cols]` so each step is a contiguous slice.
@@ -215,7 +219,7 @@ impl Net {
     /// Gated NoPE MLA over `x [B·T, H]`, causal within each sequence (spec §3.5).
     fn mla(&self, l: usize, x: &Tensor, b: usize, t: usize) -> Result<Tensor> {
         let c = self.cfg.text();
-        let eps = c.rms_norm_eps;
+        let eps = MLA_LATENT_NORM_EPS;
         let a = |s: &str| self.lp(l, &format!("self_attn.{s}"));
         let nh = c.num_attention_heads;
         let (nope, rope, vd) = (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim);

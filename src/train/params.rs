@@ -12,7 +12,7 @@ use candle::{DType, Device, Tensor, Var};
 use half::bf16;
 
 use super::net::Net;
-use crate::checkpoint::fixture::{model_units, Spec};
+use crate::checkpoint::fixture::{model_units, Init, Spec};
 use crate::checkpoint::header::Dtype;
 use crate::checkpoint::rng::Rng;
 use crate::config::K3Config;
@@ -71,8 +71,17 @@ fn init_values(s: &Spec, rng: &mut Rng) -> Vec<f32> {
     } else if name.ends_with("norm.weight") {
         vec![1.0; n]
     } else if name.ends_with("A_log") {
+        // One value per head, zero-padded to head_dim as K3 stores it (the padding is never
+        // read, so it gets no gradient and stays zero).
+        let heads = match s.init {
+            Init::PerHead(h, ..) => h,
+            _ => n,
+        };
         (0..n)
-            .map(|_| (1.0 + 15.0 * rng.uniform()).ln() as f32)
+            .map(|i| match i < heads {
+                true => (1.0 + 15.0 * rng.uniform()).ln() as f32,
+                false => 0.0,
+            })
             .collect()
     } else if name.ends_with("dt_bias") {
         // Slow and fast channels: decays from about e^-1.3 to about 1 per step at the start.
@@ -89,6 +98,7 @@ fn init_values(s: &Spec, rng: &mut Rng) -> Vec<f32> {
 impl Net {
     /// A freshly initialised network for `cfg`, every value from `seed`.
     pub fn init(cfg: &K3Config, seed: u64, device: &Device) -> Result<Net> {
+        crate::checkpoint::fixture::check_a_log_padding(cfg)?;
         let mut rng = Rng::new(seed);
         let mut values: Vec<(String, Vec<usize>, Vec<f32>)> = spine_specs(cfg)
             .iter()

@@ -45,15 +45,17 @@ impl Reference {
         for h in 0..hk {
             let seg = |v: &Vec<f64>| v[h * d..(h + 1) * d].to_vec();
             let (mut q, mut k, v) = (seg(&ys[0]), seg(&ys[1]), seg(&ys[2]));
-            let nq = q.iter().map(|a| a * a).sum::<f64>().sqrt().max(1e-12);
-            let nk = k.iter().map(|a| a * a).sum::<f64>().sqrt().max(1e-12);
+            // fla's in-kernel norm: the 1e-6 inside the root (spec §3.4).
+            let nq = (q.iter().map(|a| a * a).sum::<f64>() + 1e-6).sqrt();
+            let nk = (k.iter().map(|a| a * a).sum::<f64>() + 1e-6).sqrt();
             q.iter_mut().for_each(|a| *a = *a / nq / (d as f64).sqrt());
             k.iter_mut().for_each(|a| *a /= nk);
             let beta = sigmoid(braw[h]);
             let sh = &mut s[h * d * d..(h + 1) * d * d];
             for kk in 0..d {
+                // A_log is per head (spec §3.4): head h's one value for all its channels.
                 let g = la.gate_lower_bound
-                    * sigmoid(a_log[kk].exp() * (graw[h * d + kk] + dt_bias[h * d + kk]));
+                    * sigmoid(a_log[h].exp() * (graw[h * d + kk] + dt_bias[h * d + kk]));
                 for vv in 0..d {
                     sh[kk * d + vv] *= g.exp();
                 }
@@ -93,7 +95,7 @@ impl Reference {
             &rmsnorm(
                 &qa,
                 self.g(l, "self_attn.q_a_layernorm.weight"),
-                t.rms_norm_eps,
+                1e-6, // MLA's latent norms keep KimiRMSNorm's default eps (spec §3.5)
             ),
         );
         let ckv = matvec(
@@ -104,7 +106,7 @@ impl Reference {
         let cn = rmsnorm(
             &ckv[..kl],
             self.g(l, "self_attn.kv_a_layernorm.weight"),
-            t.rms_norm_eps,
+            1e-6,
         );
         let kv = matvec(
             self.g(l, "self_attn.kv_b_proj.weight"),

@@ -178,6 +178,7 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
             None
         }
     };
+    kda_gate(r, &inv, &cfg);
     let inv = std::sync::Arc::new(inv);
     let opts = deltafin::engine::LoadOptions::default();
     match deltafin::engine::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
@@ -244,6 +245,32 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         ),
         Some(b) => r.ok("disk", format!("{:.1} GB free", b as f64 / GB)),
         None => r.warn("disk", "free space unknown"),
+    }
+}
+
+/// KDA's `A_log`: per head, so only its first `num_heads` entries are read; non-zero padding
+/// after them is ignored (as the reference ignores it) and said, since it suggests weights made
+/// for the per-channel misreading.
+fn kda_gate(r: &mut Report, inv: &Inventory, cfg: &K3Config) {
+    let heads = cfg.text().linear_attn_config.num_heads;
+    match deltafin::model::kda::a_log_padding(inv, cfg) {
+        Ok(p) if p.is_empty() => r.ok(
+            "kda gate",
+            format!("A_log read per head (first {heads} entries); padding is zero"),
+        ),
+        Ok(p) => r.warn(
+            "kda gate",
+            format!(
+                "A_log has non-zero padding past its {heads} per-head entries in {} KDA layer(s) \
+                 (first: layer {}, {} value(s), largest |{:.4}|); it is ignored, as the reference \
+                 ignores it: check that these weights were not made for a per-channel A_log",
+                p.len(),
+                p[0].layer,
+                p[0].nonzero,
+                p[0].max_abs
+            ),
+        ),
+        Err(e) => r.warn("kda gate", format!("A_log not checked: {e}")),
     }
 }
 

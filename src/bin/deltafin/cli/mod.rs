@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod eval;
 pub mod events;
 pub mod install;
+pub mod logits;
 pub mod run;
 pub mod store;
 pub mod train;
@@ -13,7 +14,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use deltafin::checkpoint::fixture::{write_k3_full, write_nano, write_slice, NanoOptions};
+use deltafin::checkpoint::fixture::{
+    write_k3_full, write_medium, write_nano, write_slice, NanoOptions,
+};
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::K3Config;
 
@@ -66,6 +69,9 @@ pub enum Command {
     Serve(run::ServeArgs),
     /// Generate from a prompt (text, chat, or token ids).
     Run(run::RunArgs),
+    /// Print every prompt position's logits, the routes and a greedy continuation as JSON (for
+    /// checks against another implementation).
+    Logits(logits::LogitsArgs),
     /// Check this machine and (with --model-root) an installed model: ok / warn / FAIL lines.
     Doctor(doctor::DoctorArgs),
     /// Convert the spine to row-int8 (resumable; the model then uses it automatically).
@@ -135,6 +141,18 @@ pub enum FixtureKind {
         #[arg(long)]
         scattered_experts: bool,
     },
+    /// K3-medium: K3's structure with every part non-trivial (several KDA and MLA heads,
+    /// latent MoE, multi-layer AttnRes blocks), small (a few MB).
+    Medium {
+        /// Output directory.
+        dir: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Number of shards.
+        #[arg(long, default_value_t = 3)]
+        shards: usize,
+    },
     /// K3-slice: real K3 per-layer dimensions, few layers and experts (several GB).
     Slice {
         /// Output directory.
@@ -179,6 +197,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 write_nano(&dir, &opts)?;
                 eprintln!("wrote K3-nano to {}", dir.display());
             }
+            FixtureKind::Medium { dir, seed, shards } => {
+                write_medium(&dir, seed, shards)?;
+                eprintln!("wrote K3-medium to {}", dir.display());
+            }
             FixtureKind::Slice {
                 dir,
                 layers,
@@ -222,6 +244,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Run(a) => run::run(&a)?,
+        Command::Logits(a) => logits::run(&a)?,
         Command::Doctor(a) => doctor::run(&a)?,
         Command::Serve(a) => run::serve(&a)?,
         Command::Setup(a) => install::run_setup(&a)?,

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The independent reference check (issue 27): deltafin against Apple's mlx-lm `kimi_k3` (PyPI,
+# run on the CPU in fp32, called, never copied) on K3-nano, K3-medium and K3-tiny: every
+# position of a 16-token prompt and a 16-token greedy continuation; routes and greedy ids must
+# be identical and logits within 2e-3 relative. Each model also runs a negative control (mlx-lm
+# with KDA's A_log read per channel) that must disagree, so the check can see that error.
+#   scripts/reference_check.sh [WORK_DIR]     # default target/reference-check
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=${1:-$repo/target/reference-check}
+venv=${DELTAFIN_REFERENCE_VENV:-$repo/target/reference-venv}
+bin=$repo/target/release/deltafin
+mkdir -p "$work"
+# mlx-lm's package __init__ imports transformers, which its wheel lists as a dependency.
+if ! "$venv/bin/python" -c 'import mlx.core, mlx_lm.models.kimi_k3' 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check \
+        'mlx==0.32.4' 'mlx-cpu==0.32.4' 'mlx-lm==0.32.2'
+fi
+(cd "$repo" && cargo build --release --bin deltafin)
+rm -rf "$work/nano" "$work/medium"
+"$bin" fixture nano "$work/nano" --seed 11 --shards 3
+"$bin" fixture medium "$work/medium" --seed 5
+status=0
+run() {
+    "$venv/bin/python" "$repo/scripts/reference_check.py" --deltafin "$bin" "$@" || status=1
+}
+run --model "$work/nano" --name K3-nano --seed 1 --json "$work/nano.json"
+run --model "$work/medium" --name K3-medium --seed 2 --json "$work/medium.json"
+run --model "$repo/assets/k3-tiny" --name K3-tiny --seed 3 --json "$work/k3-tiny.json"
+if [[ $status -ne 0 ]]; then
+    echo "reference check: FAILED" >&2
+    exit 1
+fi
+echo "reference check: 3 passed, 0 failed"

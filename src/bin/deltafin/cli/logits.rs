@@ -1,0 +1,100 @@
+//! `deltafin logits`: the logits of every prompt position, each MoE layer's routes per
+//! position and a greedy continuation, as one JSON document, so another implementation run on
+//! the same checkpoint (`scripts/reference_check.sh` runs mlx-lm) can be compared with this one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+
+use deltafin::model::observe::RouteCollector;
+
+use super::store::{load_engine, StoreArgs};
+
+/// Arguments of `logits`.
+#[derive(Debug, Args)]
+pub struct LogitsArgs {
+    /// Model directory (default: the built-in K3-tiny).
+    #[arg(long)]
+    pub model_root: Option<PathBuf>,
+    /// Prompt token ids, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub prompt_ids: Vec<u32>,
+    /// Greedy tokens to generate after the prompt (their logits and routes are recorded too).
+    #[arg(long, default_value_t = 16)]
+    pub generate: usize,
+    /// Write the JSON here (default: stdout).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Expert store settings.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// The first maximal index (the reference's `argmax`).
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Routes of one call as `{layer: [[expert ids, ascending] per position]}`.
+fn routes_json(c: &RouteCollector) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (layer, routes) in c.take() {
+        let rows: Vec<Vec<usize>> = routes
+            .iter()
+            .map(|r| {
+                let mut e = r.experts.clone();
+                e.sort_unstable();
+                e
+            })
+            .collect();
+        m.insert(layer.to_string(), serde_json::json!(rows));
+    }
+    serde_json::Value::Object(m)
+}
+
+/// Runs `deltafin logits`.
+pub fn run(a: &LogitsArgs) -> anyhow::Result<()> {
+    let root = super::default_root(a.model_root.as_deref())?;
+    let mut engine = load_engine(&root, &a.store, 0)?;
+    let routes = Arc::new(RouteCollector::default());
+    engine.model_mut().observe(routes.clone());
+    let model = engine.model();
+    let mut state = model.new_state();
+    // Prompt: every position's logits `[T, V]`.
+    let all = model.forward_all(&a.prompt_ids, &mut state)?;
+    let prompt_logits: Vec<Vec<f32>> = all.to_vec2()?;
+    let prompt_routes = routes_json(&routes);
+    let mut next = argmax(prompt_logits.last().context("empty prompt")?);
+    let (mut greedy, mut gen_logits, mut gen_routes) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..a.generate {
+        greedy.push(next);
+        let l: Vec<f32> = model.forward(&[next], &mut state)?.to_vec1()?;
+        gen_routes.push(routes_json(&routes));
+        next = argmax(&l);
+        gen_logits.push(l);
+    }
+    let doc = serde_json::json!({
+        "model_root": root.display().to_string(),
+        "prompt_ids": a.prompt_ids,
+        "prompt_logits": prompt_logits,
+        "prompt_routes": prompt_routes,
+        "greedy": greedy,
+        "greedy_logits": gen_logits,
+        "greedy_routes": gen_routes,
+    });
+    let text = serde_json::to_string(&doc)?;
+    match &a.out {
+        Some(p) => deltafin::fsio::atomic::write_atomic(p, text.as_bytes())
+            .with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
