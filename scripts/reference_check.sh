@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The independent reference check (issue 27): deltafin against Apple's mlx-lm `kimi_k3` (PyPI,
 # run on the CPU in fp32, called, never copied) on K3-nano, K3-medium and K3-tiny: every
-# position of a 16-token prompt and a 16-token greedy continuation; routes and greedy ids must
-# be identical and logits within 2e-3 relative. Each model also runs a negative control (mlx-lm
-# with KDA's A_log read per channel) that must disagree, so the check can see that error.
+# position of a 16-token prompt and a 16-token greedy continuation (and a 150-token prompt on
+# K3-medium: three prefill chunks); routes and greedy ids must be identical and logits within
+# 2e-3 relative. Each run also has a negative control (mlx-lm with KDA's A_log read per channel)
+# that must disagree, so the check can see that error.
 #   scripts/reference_check.sh [WORK_DIR]     # default target/reference-check
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,8 +29,11 @@ run() {
 run --model "$work/nano" --name K3-nano --seed 1 --json "$work/nano.json"
 run --model "$work/medium" --name K3-medium --seed 2 --json "$work/medium.json"
 run --model "$repo/assets/k3-tiny" --name K3-tiny --seed 3 --json "$work/k3-tiny.json"
+# A prompt of three prefill chunks (64 + 64 + 22 positions) against mlx-lm's single pass.
+run --model "$work/medium" --name K3-medium-150 --seed 4 --prompt-len 150 --generate 4 \
+    --json "$work/medium-150.json"
 if [[ $status -ne 0 ]]; then
     echo "reference check: FAILED" >&2
     exit 1
 fi
-echo "reference check: 3 passed, 0 failed"
+echo "reference check: 4 passed, 0 failed"

@@ -362,6 +362,7 @@ fn doctor_reports_problems() {
         text.contains("0 failure(s)") && text.contains("ok    experts"),
         "{text}"
     );
+    assert!(text.contains("ok    kda gate"), "{text}");
     // A partial int8 conversion: one layer file removed.
     succeed(&["convert-spine-int8", "--model-root"], d.path());
     let store = d.path().join("deltafin-spine/int8");
@@ -389,6 +390,25 @@ fn doctor_reports_problems() {
     std::fs::write(d.path().join(".config.json.999999.0.tmp"), b"x").unwrap();
     let text = String::from_utf8_lossy(&doctor().stdout).to_string();
     assert!(text.contains("warn  temporaries: 1 left"), "{text}");
+    // Non-zero A_log padding (past the per-head values) in layer 1 is reported, naming it.
+    let inv = deltafin::checkpoint::Inventory::from_dir(d.path()).unwrap();
+    let info = inv.get(&inv.layer_name(1, "self_attn.A_log")).unwrap();
+    let cfg = deltafin::K3Config::from_file(&d.path().join("config.json")).unwrap();
+    let heads = cfg.text().linear_attn_config.num_heads as u64;
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new()
+            .write(true)
+            .open(inv.shard_path(info.shard))
+            .unwrap(),
+        &0.5f32.to_le_bytes(),
+        info.start + 4 * heads,
+    )
+    .unwrap();
+    let text = String::from_utf8_lossy(&doctor().stdout).to_string();
+    assert!(
+        text.contains("warn  kda gate") && text.contains("layer 1"),
+        "{text}"
+    );
     // A truncated shard.
     let shard = std::fs::read_dir(d.path())
         .unwrap()

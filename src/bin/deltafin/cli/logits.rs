@@ -2,6 +2,7 @@
 //! position and a greedy continuation, as one JSON document, so another implementation run on
 //! the same checkpoint (`scripts/reference_check.sh` runs mlx-lm) can be compared with this one.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -43,21 +44,21 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-/// Routes of one call as `{layer: [[expert ids, ascending] per position]}`.
+/// Routes of one call as `{layer: [[expert ids, ascending] per position]}` (a prefill of
+/// several chunks reports each layer once per chunk, in position order).
 fn routes_json(c: &RouteCollector) -> serde_json::Value {
-    let mut m = serde_json::Map::new();
+    let mut m: BTreeMap<usize, Vec<Vec<usize>>> = BTreeMap::new();
     for (layer, routes) in c.take() {
-        let rows: Vec<Vec<usize>> = routes
-            .iter()
-            .map(|r| {
-                let mut e = r.experts.clone();
-                e.sort_unstable();
-                e
-            })
-            .collect();
-        m.insert(layer.to_string(), serde_json::json!(rows));
+        m.entry(layer).or_default().extend(routes.iter().map(|r| {
+            let mut e = r.experts.clone();
+            e.sort_unstable();
+            e
+        }));
     }
-    serde_json::Value::Object(m)
+    let m = m
+        .into_iter()
+        .map(|(l, rows)| (l.to_string(), serde_json::json!(rows)));
+    serde_json::Value::Object(m.collect())
 }
 
 /// Runs `deltafin logits`.
