@@ -122,5 +122,8 @@ fn a_log_shorter_than_the_heads_is_refused_by_name() {
         Ok(_) => panic!("an A_log of {} entries for {heads} heads loaded", heads - 1),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("A_log"), "{err}");
+    assert!(
+        err.contains("A_log") && err.contains("one value per KDA head"),
+        "{err}"
+    );
 }
