@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use deltafin::chat::{ChatOptions, Delta, Effort, Message};
+use deltafin::progress::{PrefillProgress, ProgressMode};
 use deltafin::{Engine, EngineOptions, GenerateOptions};
 
 fn model_root(arg: Option<String>) -> anyhow::Result<PathBuf> {
@@ -85,7 +86,11 @@ fn main() -> anyhow::Result<()> {
     let mut sampler = deltafin::generate::sample::Sampler::new(temperature, 0.95, seed);
     // Metal when built with `--features metal` on a Mac, else the CPU; under the memory plan
     // (printed first): what is pinned, the RAM tier, the context limit.
-    let engine = Engine::open_with(&root, &EngineOptions::default(), |p| eprintln!("{p}"))?;
+    let mut engine = Engine::open_with(&root, &EngineOptions::default(), |p| eprintln!("{p}"))?;
+    // A long prompt's prefill shows where it is (layer, pass, bytes read, ETA).
+    engine
+        .model_mut()
+        .observe(Arc::new(PrefillProgress::new(ProgressMode::Terminal)));
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();

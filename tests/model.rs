@@ -319,13 +319,14 @@ impl deltafin::model::Observer for Recorder {
             Event::LayerDone(t) => format!("done {:?}", t.dims()),
             Event::Kept { rows } => format!("kept {rows}"),
             Event::PassEnd => "end".into(),
+            Event::Prefill(s) => format!("prefill {} {} {}", s.layer, s.pass, s.positions),
         };
         self.0.lock().unwrap().push((layer, name));
     }
 }
 
-/// An attached observer sees each layer's events in order (routes only on MoE layers) and does
-/// not change the logits; the route collector sees the routes the reference chooses.
+/// An attached observer sees each layer's events in order (routes only on MoE layers; a prefill
+/// step after each layer of a prompt) and does not change the logits; the route collector sees the routes the reference chooses.
 #[test]
 fn observers_see_every_layer_in_order() {
     let plain = model();
@@ -353,6 +354,7 @@ fn observers_see_every_layer_in_order() {
         }
         expect.push((l, format!("ffn [{t}, {h}]")));
         expect.push((l, format!("done [{t}, {h}]")));
+        expect.push((l, format!("prefill {l} 0 {t}")));
     }
     expect.push((0, "end".into()));
     assert_eq!(events, expect);

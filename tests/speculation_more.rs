@@ -149,7 +149,10 @@ fn text_drafter_maps_through_text() {
 #[test]
 fn rollback_bytes_per_row() {
     let full = deltafin::K3Config::from_json(
-        &deltafin::checkpoint::fixture::full::k3_config().to_string(),
+        &deltafin::checkpoint::fixture::full::k3_config(
+            deltafin::checkpoint::fixture::full::K3_LAYERS,
+        )
+        .to_string(),
     )
     .unwrap();
     let per_row = deltafin::model::verify::bytes_per_row(&full);

@@ -107,6 +107,18 @@ pub fn activation_bytes(cfg: &K3Config, chunk: usize) -> u64 {
     prefill.max(verify as u64)
 }
 
+/// Bytes a layer-major prefill pass holds per position while a layer runs (f32): the hidden
+/// state in, the attention residual, the FFN input or shared-expert output and the state out,
+/// every AttnRes block state, and the MoE's latent input, per-slot expert outputs and their sum.
+pub fn pass_row_bytes(cfg: &K3Config) -> u64 {
+    let t = cfg.text();
+    let blocks = cfg.num_layers().div_ceil(t.attn_res_block_size.max(1));
+    let k = t.num_experts_per_token;
+    let floats = t.hidden_size * (blocks + 4) + t.routed_expert_hidden_size * (k + 2);
+    // Each route: k ids and k weights.
+    (4 * floats + k * 12) as u64
+}
+
 /// The memory plan for the checkpoint `inv` of `cfg` in `dir` on `device`.
 pub fn plan_for(
     dir: &Path,
@@ -144,6 +156,8 @@ pub fn plan_for(
         max_context: cfg.text().max_position_embeddings.unwrap_or(usize::MAX),
         saved_states: o.saved_states,
         activation_bytes: activation_bytes(cfg, defaults.prefill_chunk),
+        pass_row_bytes: pass_row_bytes(cfg),
+        prefill_chunk: defaults.prefill_chunk,
         baseline: rss().0,
         resident_cap: o.resident_cap,
     })
@@ -232,6 +246,7 @@ impl K3Model {
         )?);
         let mut model = Self::load(cfg, spine, experts)?;
         model.context_limit = plan.context;
+        model.options.prefill_pass = plan.prefill_pass;
         model.plan = Some(plan);
         Ok(model)
     }

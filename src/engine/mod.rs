@@ -16,7 +16,7 @@ use crate::compute::device::DeviceChoice;
 use crate::memory::MemoryPlan;
 use crate::tokenizer::Tokenizer;
 use crate::{K3Model, Result};
-pub use load::{activation_bytes, plan_for, state_bytes, LoadOptions};
+pub use load::{activation_bytes, pass_row_bytes, plan_for, state_bytes, LoadOptions};
 
 /// How to open an engine.
 #[derive(Debug, Clone, Default)]

@@ -110,6 +110,7 @@ impl<'e> Session<'e> {
         choose: &mut dyn FnMut(&[f32]) -> u32,
         on_token: impl FnMut(u32),
     ) -> Result<Generation> {
+        let pending = self.pending;
         let input = self.take_input(ids);
         let before = self.state.pos;
         let g = Generator::new(self.engine.model()).generate_with(
@@ -127,9 +128,13 @@ impl<'e> Session<'e> {
                 return Err(e);
             }
         };
-        // The state holds the input and every generated token but the last. If not (the
-        // prefill was cancelled part-way, or nothing ran), the session starts over: the next
-        // chat turn re-renders the history.
+        // A prefill stopped between layers left the state where it was: so is the session.
+        if g.generated_ids.is_empty() && self.state.pos == before {
+            self.pending = pending;
+            return Ok(g);
+        }
+        // The state holds the input and every generated token but the last. If not, the
+        // session starts over: the next chat turn re-renders the history.
         let mut held = input;
         held.extend_from_slice(&g.generated_ids[..g.generated_ids.len().saturating_sub(1)]);
         if !g.generated_ids.is_empty() && self.state.pos == before + held.len() {
@@ -154,6 +159,7 @@ impl<'e> Session<'e> {
     ) -> Result<ChatTurn> {
         let tok = self.engine.tokenizer();
         let eos = self.engine.eos();
+        let (history_len, phase) = (self.history.len(), self.phase);
         let ids = if self.fed.is_empty() && self.pending.is_none() {
             self.history.extend_from_slice(messages);
             encode_segments(tok, &render(&self.history, &self.chat)?)
@@ -187,6 +193,16 @@ impl<'e> Session<'e> {
                 &mut content,
             )
         })?;
+        if g.generated_ids.is_empty() && g.stop == crate::generate::StopReason::Cancelled {
+            // Cancelled before the first token: the turn never happened.
+            self.history.truncate(history_len);
+            self.phase = phase;
+            return Ok(ChatTurn {
+                generation: g,
+                reasoning,
+                content,
+            });
+        }
         let mut rest = split.push(&dec.finish());
         rest.extend(split.finish());
         emit(rest, &mut reasoning, &mut content);

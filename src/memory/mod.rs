@@ -109,6 +109,12 @@ pub fn reserve(limit: u64) -> u64 {
     (3 * GB / 2).max(limit / 10)
 }
 
+/// Resets this process's peak resident memory (`VmHWM`) to its current RSS, so a later `rss()`
+/// reports the peak of what ran since (Linux; elsewhere it does nothing and says so).
+pub fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,6 +47,11 @@ pub struct PlanInputs {
     pub saved_states: usize,
     /// Activations of one prefill chunk.
     pub activation_bytes: u64,
+    /// Bytes a layer-major prefill pass holds per position across a layer (hidden states,
+    /// AttnRes block states, routed-expert outputs).
+    pub pass_row_bytes: u64,
+    /// Rows per prefill chunk (a pass holds whole chunks).
+    pub prefill_chunk: usize,
     /// Resident memory before the model loads (code, inventory, tokenizer), measured.
     pub baseline: u64,
     /// `--spine-resident-gb`: most bytes of layers to pin (None: what fits).
@@ -80,6 +85,8 @@ pub struct MemoryPlan {
     pub pinned: Vec<bool>,
     /// Context limit in tokens.
     pub context: usize,
+    /// Most positions one layer-major prefill pass holds.
+    pub prefill_pass: usize,
     /// Expert RAM tier in bytes.
     pub expert_ram: u64,
     /// Prefetch holdings cap in bytes (0: prefetch off).
@@ -90,6 +97,11 @@ pub struct MemoryPlan {
 const STATE_SHARE: u64 = 10;
 /// Smallest context the plan picks on its own.
 const MIN_AUTO_CONTEXT: usize = 4096;
+/// Share of the budget a layer-major prefill pass may hold.
+const PASS_SHARE: u64 = 10;
+/// Longest pass the plan picks: a pass this long touches every expert of a K3 layer (1 −
+/// (1 − 16/896)^4096 ≈ 1), so a longer one would read nothing less.
+const MAX_PASS: usize = 4096;
 /// Experts the prefetch may hold at most (four layers' worth of a K3 token).
 const PREFETCH_EXPERTS: u64 = 64;
 
@@ -162,6 +174,22 @@ impl MemoryPlan {
                 }
             ),
             state_at(context),
+        ));
+        // A cancelled prefill returns to the state before the turn: the KDA states are kept.
+        lines.push((
+            "state before the turn (KDA, for a cancel)".into(),
+            i.state_fixed,
+        ));
+        let chunk = i.prefill_chunk.max(1);
+        let mut prefill_pass = chunk;
+        while prefill_pass * 2 <= MAX_PASS.min(context.max(chunk))
+            && (prefill_pass as u64 * 2).saturating_mul(i.pass_row_bytes) <= budget / PASS_SHARE
+        {
+            prefill_pass *= 2;
+        }
+        lines.push((
+            format!("prefill pass ({prefill_pass} positions, layer-major)"),
+            (prefill_pass as u64).saturating_mul(i.pass_row_bytes),
         ));
         let fixed: u64 = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
         let max_layer = i.layer_bytes.iter().copied().max().unwrap_or(0);
@@ -255,6 +283,7 @@ impl MemoryPlan {
             total,
             pinned,
             context,
+            prefill_pass,
             expert_ram,
             prefetch_cap,
         })

@@ -35,6 +35,8 @@ fn k3(limit: Option<u64>) -> PlanInputs {
         max_context: 1 << 20,
         saved_states: 0,
         activation_bytes: 200_000_000,
+        pass_row_bytes: 600_000,
+        prefill_chunk: 64,
         baseline: 300_000_000,
         resident_cap: None,
     }
@@ -152,4 +154,35 @@ fn degenerate_inputs_stay_bounded() {
     i.expert_batch = 0;
     i.pool_buffers = 0;
     assert_eq!(MemoryPlan::new(&i).unwrap().prefetch_cap, 0);
+}
+
+#[test]
+fn prefill_pass_is_charged_and_sized_by_the_budget() {
+    let mut last = 0;
+    for gb_ in [16u64, 23, 64, 512] {
+        let p = MemoryPlan::new(&k3(Some(gb_ * GB))).unwrap();
+        let line = p
+            .lines
+            .iter()
+            .find(|l| l.what.starts_with("prefill pass"))
+            .unwrap_or_else(|| panic!("{gb_} GB: no prefill pass line: {p}"));
+        assert_eq!(line.bytes, p.prefill_pass as u64 * 600_000, "{gb_} GB");
+        assert!(p.prefill_pass.is_multiple_of(64) && (64..=4096).contains(&p.prefill_pass));
+        assert!(line.bytes <= (p.limit - p.reserve) / 10, "{gb_} GB: {p}");
+        assert!(
+            p.prefill_pass >= last,
+            "a larger budget never shortens the pass"
+        );
+        last = p.prefill_pass;
+        // The KDA states a cancelled prefill returns to are charged.
+        assert!(p
+            .lines
+            .iter()
+            .any(|l| l.what.contains("before the turn") && l.bytes == 434_000_000));
+    }
+    assert_eq!(last, 4096, "512 GB holds the longest pass");
+    // Never longer than the context.
+    let mut i = k3(Some(64 * GB));
+    i.context = Some(100);
+    assert_eq!(MemoryPlan::new(&i).unwrap().prefill_pass, 64);
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use super::attn_res::AttnRes;
-use super::layer::{with, Layer, PassCtx};
-use super::observe::{Both, Event, Observer, Observers, RouteCollector, RouteTrace};
+use super::layer::{column, with, Layer, PassCtx};
+use super::observe::{Both, Event, Observer, Observers, PrefillStep, RouteCollector, RouteTrace};
 use super::ops::rms_norm;
 use super::options::ModelOptions;
 use super::state::SeqState;
@@ -20,6 +20,15 @@ use crate::config::K3Config;
 use crate::experts::ExpertProvider;
 use crate::spine::source::Spine;
 use crate::Result;
+
+/// What a pass checks and reports besides its math.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Control<'a> {
+    /// Stop between layers when set.
+    cancel: Option<&'a std::sync::atomic::AtomicBool>,
+    /// Report each layer as a step of this prefill.
+    prefill: Option<PrefillStep>,
+}
 
 /// Kimi K3.
 pub struct K3Model {
@@ -123,6 +132,17 @@ impl K3Model {
         self.experts.stats()
     }
 
+    /// Bytes read from storage so far: streamed spine layers and expert spans (from homes,
+    /// shards, the disk cache and the hub).
+    pub fn bytes_read(&self) -> u64 {
+        let e = self
+            .experts
+            .stats()
+            .map(|s| s.home_bytes + s.disk_bytes + s.shard_bytes + s.hub_bytes)
+            .unwrap_or(0);
+        self.spine.bytes_read() + e
+    }
+
     /// The expert provider.
     pub fn experts(&self) -> &Arc<dyn ExpertProvider> {
         &self.experts
@@ -175,8 +195,8 @@ impl K3Model {
         layer.attention(x, st, &self.options, ld, None)
     }
 
-    /// Consumes `ids` (in chunks of `options.prefill_chunk`) and returns the logits `[V]` of the
-    /// last position.
+    /// Consumes `ids` (layer-major passes, `ModelOptions::prefill_pass`) and returns the
+    /// logits `[V]` of the last position.
     pub fn forward(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
         self.forward_traced(ids, state, None)
     }
@@ -219,8 +239,8 @@ impl K3Model {
         Ok(())
     }
 
-    /// `forward` with one more observer for this call, checking `cancel` between prefill
-    /// chunks: `Ok(None)` when it was set (the chunks already consumed stay in `state`).
+    /// `forward` with one more observer for this call, checking `cancel` between layers:
+    /// `Ok(None)` when it was set, with `state` returned to where it was before the call.
     pub fn forward_with(
         &self,
         ids: &[u32],
@@ -230,15 +250,39 @@ impl K3Model {
     ) -> Result<Option<Tensor>> {
         self.check_input(ids, state)?;
         let t = self.cfg.text();
+        let mark = cancel.map(|_| state.mark());
         let mut last = None;
-        for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
-            if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
-                return Ok(None);
+        let len = self.options.pass_len();
+        let passes = ids.len().div_ceil(len);
+        let read_before = self.bytes_read();
+        for (p, pass) in ids.chunks(len).enumerate() {
+            let ctl = Control {
+                cancel,
+                prefill: (ids.len() > 1).then_some(PrefillStep {
+                    layer: 0,
+                    layers: self.layers.len(),
+                    pass: p,
+                    passes,
+                    pass_first: p * len,
+                    pass_tokens: pass.len(),
+                    positions: ids.len(),
+                    read_before,
+                    read_now: read_before,
+                }),
+            };
+            let out = match observer {
+                Some(o) => self.run_layers(pass, state, &Both(&self.observers, o), None, ctl)?,
+                None => self.run_layers(pass, state, &self.observers, None, ctl)?,
+            };
+            match out {
+                Some(rows) => last = rows.into_iter().last(),
+                None => {
+                    if let Some(m) = mark {
+                        state.rewind(m);
+                    }
+                    return Ok(None);
+                }
             }
-            last = Some(match observer {
-                Some(o) => self.run_layers(chunk, state, &Both(&self.observers, o), None)?,
-                None => self.run_layers(chunk, state, &self.observers, None)?,
-            });
         }
         let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
         let n = h.dim(0)?;
@@ -252,9 +296,13 @@ impl K3Model {
     pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
         self.check_input(ids, state)?;
         let mut rows = Vec::new();
-        for chunk in ids.chunks(self.options.prefill_chunk.max(1)) {
-            let h = self.run_layers(chunk, state, &self.observers, None)?;
-            rows.push(self.tail(&h)?);
+        for pass in ids.chunks(self.options.pass_len()) {
+            let hs = self
+                .run_layers(pass, state, &self.observers, None, Control::default())?
+                .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))?;
+            for h in hs {
+                rows.push(self.tail(&h)?);
+            }
         }
         Ok(Tensor::cat(&rows, 0)?)
     }
@@ -272,10 +320,23 @@ impl K3Model {
         self.check_input(ids, state)?;
         let pos = state.pos;
         let mut undo = Vec::with_capacity(self.layers.len());
-        let h = match observer {
-            Some(o) => self.run_layers(ids, state, &Both(&self.observers, o), Some(&mut undo))?,
-            None => self.run_layers(ids, state, &self.observers, Some(&mut undo))?,
-        };
+        let mut h = match observer {
+            Some(o) => {
+                let both = Both(&self.observers, o);
+                self.run_layers(ids, state, &both, Some(&mut undo), Control::default())?
+            }
+            None => self.run_layers(
+                ids,
+                state,
+                &self.observers,
+                Some(&mut undo),
+                Control::default(),
+            )?,
+        }
+        .ok_or_else(|| crate::Error::Msg("verify was cancelled".into()))?;
+        let h = h
+            .pop()
+            .ok_or_else(|| crate::Error::Msg("verify got no rows".into()))?;
         let rb = super::verify::Rollback {
             pos,
             rows: ids.len(),
@@ -299,27 +360,19 @@ impl K3Model {
         dense(&x, &lm_head)
     }
 
-    /// One pass of all layers over `ids`; returns the tail AttnRes output `[T, H]`. With `undo`
-    /// (a verify pass) each layer adds its rollback record.
+    /// One layer-major pass over `ids`: every layer runs on all of them before the next, in
+    /// chunks of `options.prefill_chunk` rows (one chunk for a verify pass, `undo`). Returns the
+    /// tail AttnRes output per chunk (`[rows, H]` each), or `None` when `ctl.cancel` was set
+    /// between layers (the state then holds part of the pass: the caller rewinds it).
     pub(super) fn run_layers(
         &self,
         ids: &[u32],
         state: &mut SeqState,
         obs: &dyn Observer,
         mut undo: Option<&mut Vec<LayerUndo>>,
-    ) -> Result<Tensor> {
+        ctl: Control,
+    ) -> Result<Option<Vec<Tensor>>> {
         let t = self.cfg.text();
-        self.experts.begin_token();
-        let mut pass = self.spine.pass();
-        let mut h = self.spine.embed_rows(ids)?; // [T, H]
-        let mut anchors: Vec<Tensor> = Vec::new();
-        let cx = PassCtx {
-            block_size: t.attn_res_block_size,
-            eps: t.rms_norm_eps,
-            options: &self.options,
-            experts: self.experts.as_ref(),
-            observer: obs,
-        };
         if state.layers.len() != self.layers.len() {
             return Err(crate::Error::Msg(format!(
                 "the sequence state has {} layers, the model {}",
@@ -327,6 +380,24 @@ impl K3Model {
                 self.layers.len()
             )));
         }
+        let chunk = match undo {
+            Some(_) => ids.len().max(1),
+            None => self.options.prefill_chunk.max(1),
+        };
+        self.experts.begin_token();
+        let mut pass = self.spine.pass();
+        let mut h = ids
+            .chunks(chunk)
+            .map(|c| self.spine.embed_rows(c)) // [rows, H]
+            .collect::<Result<Vec<_>>>()?;
+        let mut anchors: Vec<Vec<Tensor>> = Vec::new();
+        let cx = PassCtx {
+            block_size: t.attn_res_block_size,
+            eps: t.rms_norm_eps,
+            options: &self.options,
+            experts: self.experts.as_ref(),
+            observer: obs,
+        };
         obs.on(
             0,
             &Event::PassStart {
@@ -335,13 +406,35 @@ impl K3Model {
             },
         );
         for ((l, layer), st) in self.layers.iter().enumerate().zip(&mut state.layers) {
+            if ctl
+                .cancel
+                .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            {
+                return Ok(None);
+            }
             let ld = pass.layer(l)?;
             let (attn, ffn) = layer.kinds();
             obs.on(l, &Event::LayerReady { attn, ffn });
             h = layer.forward(l, h, &mut anchors, st, &ld, &cx, undo.as_deref_mut())?;
+            if let Some(step) = ctl.prefill {
+                let read_now = self.bytes_read();
+                obs.on(
+                    l,
+                    &Event::Prefill(PrefillStep {
+                        layer: l,
+                        read_now,
+                        ..step
+                    }),
+                );
+            }
         }
         obs.on(0, &Event::PassEnd);
         state.pos += ids.len();
-        Ok(self.out_res.forward(&with(&anchors, &h))?)
+        let out = h
+            .iter()
+            .enumerate()
+            .map(|(c, hc)| self.out_res.forward(&with(&column(&anchors, c), hc)))
+            .collect::<candle::Result<Vec<_>>>()?;
+        Ok(Some(out))
     }
 }

@@ -134,61 +134,102 @@ impl Layer {
         }
     }
 
-    /// Layer `l` on the hidden state `h` `[T, H]`: returns the new hidden state. `anchors` are
-    /// the AttnRes block outputs so far (this layer adds one at a block boundary); `undo`: see
-    /// `attention`.
+    /// Layer `l` on a layer-major pass whose hidden state `h` is held as its prefill chunks
+    /// (`[rows, H]` each): returns the new hidden state, chunk by chunk. Every row-wise op
+    /// runs on one chunk at a time (the activations a chunk needs, as the chunk-major order
+    /// had), attention consumes the chunks in order, and the MoE reads each selected expert
+    /// once for the whole pass. `anchors` are the AttnRes block outputs so far, one chunk
+    /// list each (this layer adds one at a block boundary); `undo` (a verify pass, one chunk):
+    /// see `attention`. Events show the pass's last chunk.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         l: usize,
-        h: Tensor,
-        anchors: &mut Vec<Tensor>,
+        h: Vec<Tensor>,
+        anchors: &mut Vec<Vec<Tensor>>,
         state: &mut LayerState,
         ld: &LayerData,
         cx: &PassCtx,
-        undo: Option<&mut Vec<LayerUndo>>,
-    ) -> Result<Tensor> {
+        mut undo: Option<&mut Vec<LayerUndo>>,
+    ) -> Result<Vec<Tensor>> {
         let obs = cx.observer;
-        let a_in = if anchors.is_empty() {
-            h.clone()
-        } else {
-            self.attn_res.forward(&with(anchors, &h))?
-        };
-        let prefix = if l.is_multiple_of(cx.block_size) {
-            anchors.push(h);
-            None
-        } else {
-            Some(h)
-        };
-        let x = rms_norm(&a_in, &self.input_norm, cx.eps)?;
+        if undo.is_some() && h.len() != 1 {
+            return Err(crate::Error::Msg("a verify pass runs as one chunk".into()));
+        }
+        let block = l.is_multiple_of(cx.block_size);
+        let n = h.len();
+        let (mut new_anchor, mut ps, mut xs) =
+            (Vec::new(), Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut last_o = None;
         obs.on(l, &Event::AttentionIn);
-        let o = self.attention(&x, state, cx.options, ld, undo)?;
-        obs.on(l, &Event::Attention(&o));
-        let p = match prefix {
-            Some(pr) => (pr + o)?,
-            None => o,
-        };
-        let m_in = self.mlp_res.forward(&with(anchors, &p))?;
-        let xm = rms_norm(&m_in, &self.post_norm, cx.eps)?;
+        for (c, hc) in h.into_iter().enumerate() {
+            let mut mix = column(anchors, c);
+            let a_in = if mix.is_empty() {
+                hc.clone()
+            } else {
+                self.attn_res.forward(&with(&mix, &hc))?
+            };
+            let prefix = if block {
+                new_anchor.push(hc);
+                None
+            } else {
+                Some(hc)
+            };
+            let x = rms_norm(&a_in, &self.input_norm, cx.eps)?;
+            let o = self.attention(&x, state, cx.options, ld, undo.as_deref_mut())?;
+            let p = match prefix {
+                Some(pr) => (pr + &o)?,
+                None => o.clone(),
+            };
+            if block {
+                mix.push(&new_anchor[c]);
+            }
+            let m_in = self.mlp_res.forward(&with(&mix, &p))?;
+            xs.push(rms_norm(&m_in, &self.post_norm, cx.eps)?);
+            ps.push(p);
+            last_o = Some(o);
+        }
+        if block {
+            anchors.push(new_anchor);
+        }
+        if let Some(o) = &last_o {
+            obs.on(l, &Event::Attention(o));
+        }
         obs.on(l, &Event::FfnIn);
-        let om = match &self.ffn {
-            Ffn::Dense(mlp) => mlp.forward(&xm, ld)?,
+        let oms = match &self.ffn {
+            Ffn::Dense(mlp) => xs
+                .iter()
+                .map(|x| mlp.forward(x, ld))
+                .collect::<Result<Vec<_>>>()?,
             Ffn::Moe(moe) => {
-                let (y, routes) = moe.forward(&xm, ld, cx.experts, cx.options)?;
+                let (ys, routes) = moe.forward_chunks(xs, ld, cx.experts, cx.options)?;
                 obs.on(l, &Event::Routes(&routes));
-                y
+                ys
             }
         };
-        obs.on(l, &Event::Ffn(&om));
-        let h = (p + om)?;
-        obs.on(l, &Event::LayerDone(&h));
+        if let Some(om) = oms.last() {
+            obs.on(l, &Event::Ffn(om));
+        }
+        let h = ps
+            .into_iter()
+            .zip(oms)
+            .map(|(p, om)| p + om)
+            .collect::<candle::Result<Vec<_>>>()?;
+        if let Some(hl) = h.last() {
+            obs.on(l, &Event::LayerDone(hl));
+        }
         Ok(h)
     }
 }
 
+/// Chunk `c` of every anchor.
+pub(super) fn column(anchors: &[Vec<Tensor>], c: usize) -> Vec<&Tensor> {
+    anchors.iter().filter_map(|a| a.get(c)).collect()
+}
+
 /// The anchors followed by `x`: what AttnRes mixes.
-pub(super) fn with<'a>(anchors: &'a [Tensor], x: &'a Tensor) -> Vec<&'a Tensor> {
-    let mut v: Vec<&Tensor> = anchors.iter().collect();
+pub(super) fn with<'a>(anchors: &[&'a Tensor], x: &'a Tensor) -> Vec<&'a Tensor> {
+    let mut v = anchors.to_vec();
     v.push(x);
     v
 }

@@ -22,7 +22,7 @@ pub use k3::K3Model;
 pub use kda::KdaMode;
 pub use mla::MlaMode;
 pub use moe::{route, Route};
-pub use observe::{Event, Observer, RouteCollector, RouteTrace};
+pub use observe::{Event, Observer, PrefillStep, RouteCollector, RouteTrace};
 pub use options::ModelOptions;
 pub use profile::{LayerProfile, LayerTiming};
 pub use reuse::ExpertReuse;

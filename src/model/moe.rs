@@ -133,24 +133,28 @@ impl Moe {
             .collect())
     }
 
-    /// Runs one group of fetched experts over their rows, into `ys[(expert, row)]`.
+    /// Runs one group of fetched experts over their rows, into `ys` `[T, k, latent]` at each
+    /// row's slot.
     #[allow(clippy::too_many_arguments)]
     fn run_group(
         &self,
         ids: &[usize],
         bytes: &[crate::experts::ExpertBytes],
-        rows: &BTreeMap<usize, Vec<usize>>,
+        rows: &BTreeMap<usize, Vec<(usize, usize)>>,
         z: &[f32],
         device: &candle::Device,
         kernel: Kernel,
-        ys: &mut BTreeMap<(usize, usize), Vec<f32>>,
+        ys: &mut [f32],
     ) -> Result<()> {
-        let r = self.latent;
+        let (r, k) = (self.latent, self.top_k);
         let pairs: Vec<(usize, usize)> = ids
             .iter()
             .enumerate()
-            .flat_map(|(k, e)| rows[e].iter().map(move |&ti| (k, ti)))
+            .flat_map(|(g, e)| rows[e].iter().map(move |&(ti, _)| (g, ti)))
             .collect();
+        let slots = ids
+            .iter()
+            .flat_map(|e| rows[e].iter().map(|&(ti, s)| ti * k + s));
         let y = crate::compute::run_experts(
             device,
             kernel,
@@ -160,14 +164,70 @@ impl Moe {
             (self.inter, r),
             (self.beta, self.linear_beta),
         )?;
-        for (p, &(k, ti)) in pairs.iter().enumerate() {
-            ys.insert((ids[k], ti), y[p * r..(p + 1) * r].to_vec());
+        for (yp, at) in y.chunks_exact(r.max(1)).zip(slots) {
+            ys[at * r..(at + 1) * r].copy_from_slice(yp);
         }
         Ok(())
     }
 
-    /// `[T, H]` → `[T, H]` and the routes of every row; each selected expert is fetched and run
-    /// once for all its rows.
+    /// The part of one chunk's MoE that needs no routed expert: its routes, its latent input
+    /// `z` `[rows * latent]` and the shared experts' output `[rows, H]`.
+    pub fn prepare(&self, x: &Tensor, ld: &LayerData) -> Result<MoeChunk> {
+        let routes = self.routes(x, ld)?;
+        let down = ld.matrix_at(&self.down)?; // [latent, H]
+        let z = dense(x, &down)?.flatten_all()?.to_vec1::<f32>()?;
+        let shared = self.shared.forward(x, ld)?;
+        Ok(MoeChunk { routes, z, shared })
+    }
+
+    /// The block over a layer-major pass given as chunks `[rows, H]`: every chunk's routes and
+    /// shared experts, then each distinct selected expert read once for all rows of the pass,
+    /// then each chunk's output. Returns the outputs (one per chunk) and every row's route.
+    pub fn forward_chunks(
+        &self,
+        xs: Vec<Tensor>,
+        ld: &LayerData,
+        experts: &dyn ExpertProvider,
+        options: &ModelOptions,
+    ) -> Result<(Vec<Tensor>, Vec<Route>)> {
+        let device = match xs.first() {
+            Some(x) => x.device().clone(),
+            None => return Ok((Vec::new(), Vec::new())),
+        };
+        let (mut routes, mut z, mut parts) = (Vec::new(), Vec::new(), Vec::new());
+        for x in xs {
+            let c = self.prepare(&x, ld)?;
+            parts.push((c.routes.len(), c.shared));
+            routes.extend(c.routes);
+            z.extend(c.z);
+        }
+        if let Some(last) = routes.last() {
+            experts.note_routes(self.layer, &last.experts);
+        }
+        let rows = rows_by_expert(&routes);
+        let ys = self.run_selected(&rows, routes.len(), &z, &device, experts, options)?;
+        drop(z);
+        let y = combine(&routes, &ys, self.top_k, self.latent); // [T * latent]
+        drop(ys);
+        let up = ld.matrix_at(&self.up)?; // [H, latent]
+        let (mut out, mut at) = (Vec::with_capacity(parts.len()), 0);
+        for (n, shared) in parts {
+            let yc = Tensor::from_slice(
+                &y[at * self.latent..(at + n) * self.latent],
+                (n, self.latent),
+                &device,
+            )?;
+            at += n;
+            let yc = match &self.norm {
+                Some(w) => rms_norm(&yc, w, self.eps)?,
+                None => yc,
+            };
+            out.push((dense(&yc, &up)? + shared)?);
+        }
+        Ok((out, routes))
+    }
+
+    /// `[T, H]` → `[T, H]` and the routes of every row (one chunk: `forward_chunks`).
     pub fn forward(
         &self,
         x: &Tensor,
@@ -175,38 +235,28 @@ impl Moe {
         experts: &dyn ExpertProvider,
         options: &ModelOptions,
     ) -> Result<(Tensor, Vec<Route>)> {
-        let routes = self.routes(x, ld)?;
-        if let Some(last) = routes.last() {
-            experts.note_routes(self.layer, &last.experts);
-        }
-        let down = ld.matrix_at(&self.down)?; // [latent, H]
-        let z = dense(x, &down)?.flatten_all()?.to_vec1::<f32>()?; // [T * latent]
-        let rows = rows_by_expert(&routes);
-        let ys = self.run_selected(&rows, &z, x.device(), experts, options)?;
-        let y = combine(&routes, &ys, self.latent); // [T * latent]
-        let y = Tensor::from_vec(y, (routes.len(), self.latent), x.device())?;
-        let y = match &self.norm {
-            Some(n) => rms_norm(&y, n, self.eps)?,
-            None => y,
-        };
-        let up = ld.matrix_at(&self.up)?; // [H, latent]
-        let routed = dense(&y, &up)?;
-        Ok(((routed + self.shared.forward(x, ld)?)?, routes))
+        let (mut y, routes) = self.forward_chunks(vec![x.clone()], ld, experts, options)?;
+        let y = y
+            .pop()
+            .ok_or_else(|| crate::Error::Msg("the MoE block got no rows".into()))?;
+        Ok((y, routes))
     }
 
-    /// Every selected expert on its rows of `z`: `y[(expert, row)]`. A long prefill chunk can
-    /// select most of a layer's experts, so at most `options.expert_batch` are held at once (the
-    /// memory plan charges that many).
+    /// Every selected expert on its rows of `z`: `[T, k, latent]`, each at its row's slot. A
+    /// pass can select every expert of a layer, so at most `options.expert_batch` are held at
+    /// once (the memory plan charges that many); the store reads each once, in id order (its
+    /// offset order within a shard).
     fn run_selected(
         &self,
-        rows: &BTreeMap<usize, Vec<usize>>,
+        rows: &BTreeMap<usize, Vec<(usize, usize)>>,
+        t: usize,
         z: &[f32],
         device: &candle::Device,
         experts: &dyn ExpertProvider,
         options: &ModelOptions,
-    ) -> Result<BTreeMap<(usize, usize), Vec<f32>>> {
+    ) -> Result<Vec<f32>> {
         let all: Vec<usize> = rows.keys().copied().collect();
-        let mut ys = BTreeMap::new();
+        let mut ys = vec![0f32; t * self.top_k * self.latent];
         for ids in all.chunks(options.expert_batch.max(1)) {
             // Each batch runs as soon as its bytes are in, while later reads are in flight.
             experts.fetch_each(self.layer, ids, &mut |got| {
@@ -219,27 +269,38 @@ impl Moe {
     }
 }
 
-/// The rows each selected expert runs on, in expert-id order.
-fn rows_by_expert(routes: &[Route]) -> BTreeMap<usize, Vec<usize>> {
-    let mut rows: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+/// One chunk's MoE inputs before the routed experts run (`Moe::prepare`).
+pub struct MoeChunk {
+    /// Each row's route.
+    pub routes: Vec<Route>,
+    /// The latent input `[rows * latent]`.
+    pub z: Vec<f32>,
+    /// The shared experts' output `[rows, H]`.
+    pub shared: Tensor,
+}
+
+/// `(row, slot)` pairs each selected expert runs on, in expert-id order (`slot`: the expert's
+/// place in the row's top-k).
+fn rows_by_expert(routes: &[Route]) -> BTreeMap<usize, Vec<(usize, usize)>> {
+    let mut rows: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
     for (ti, rt) in routes.iter().enumerate() {
-        for &e in &rt.experts {
-            rows.entry(e).or_default().push(ti);
+        for (s, &e) in rt.experts.iter().enumerate() {
+            rows.entry(e).or_default().push((ti, s));
         }
     }
     rows
 }
 
-/// The weighted sum of each row's experts, accumulated in the row's own top-k order, so T rows
-/// equal T single calls: `[T * latent]`.
-fn combine(routes: &[Route], ys: &BTreeMap<(usize, usize), Vec<f32>>, latent: usize) -> Vec<f32> {
+/// The weighted sum of each row's experts `ys` `[T, k, latent]`, accumulated in the row's own
+/// top-k order, so the result depends neither on arrival order nor on the other rows:
+/// `[T * latent]`.
+fn combine(routes: &[Route], ys: &[f32], k: usize, latent: usize) -> Vec<f32> {
     let mut acc = vec![0f32; routes.len() * latent];
     for (ti, (rt, a)) in routes.iter().zip(acc.chunks_mut(latent.max(1))).enumerate() {
-        for (e, w) in rt.experts.iter().zip(&rt.weights) {
-            if let Some(y) = ys.get(&(*e, ti)) {
-                for (ai, yi) in a.iter_mut().zip(y) {
-                    *ai += w * yi;
-                }
+        for (s, w) in rt.weights.iter().enumerate().take(k) {
+            let y = &ys[(ti * k + s) * latent..(ti * k + s + 1) * latent];
+            for (ai, yi) in a.iter_mut().zip(y) {
+                *ai += w * yi;
             }
         }
     }

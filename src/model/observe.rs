@@ -42,12 +42,46 @@ pub enum Event<'a> {
     LayerDone(&'a Tensor),
     /// The pass is over (the tail runs next).
     PassEnd,
+    /// A prefill (`K3Model::forward_with` over more than one position) finished a layer.
+    Prefill(PrefillStep),
     /// A verify pass (speculative decoding) kept its first `rows` positions; the others were
     /// rejected drafts and are no longer in the sequence.
     Kept {
         /// Positions kept.
         rows: usize,
     },
+}
+
+/// Where a prefill stands after one layer of one of its layer-major passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillStep {
+    /// The layer just finished.
+    pub layer: usize,
+    /// Layers per pass.
+    pub layers: usize,
+    /// This pass (0-based) and the call's passes.
+    pub pass: usize,
+    /// Passes of the call.
+    pub passes: usize,
+    /// Positions before this pass (of this call).
+    pub pass_first: usize,
+    /// Positions in this pass.
+    pub pass_tokens: usize,
+    /// Positions of the whole call.
+    pub positions: usize,
+    /// Bytes the model had read from storage (streamed spine layers, experts) when the call
+    /// began, and now.
+    pub read_before: u64,
+    /// See `read_before`.
+    pub read_now: u64,
+}
+
+impl PrefillStep {
+    /// Share of the call's layer steps done, in (0, 1].
+    pub fn fraction(&self) -> f64 {
+        let total = (self.passes * self.layers).max(1);
+        (self.pass * self.layers + self.layer + 1) as f64 / total as f64
+    }
 }
 
 /// Something that watches forward passes. `layer` is the layer an event belongs to (0 for

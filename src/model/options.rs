@@ -14,8 +14,12 @@ pub struct ModelOptions {
     pub mla: MlaMode,
     /// MXFP4 kernel.
     pub kernel: Kernel,
-    /// Longest run of positions per forward call (bounds prefill memory).
+    /// Rows each op of a prefill runs on at once (bounds the activations).
     pub prefill_chunk: usize,
+    /// Most positions one layer-major prefill pass holds (the memory plan's cap): every layer
+    /// runs on all of them before the next, so each spine layer and each selected expert is
+    /// read once per pass. `prefill_chunk` gives the old chunk-major order.
+    pub prefill_pass: usize,
     /// Most routed experts one MoE layer holds at once (a prefill chunk's selection is fetched
     /// and run in groups of this many).
     pub expert_batch: usize,
@@ -28,7 +32,17 @@ impl Default for ModelOptions {
             mla: MlaMode::Compact,
             kernel: Kernel::best(),
             prefill_chunk: 64,
+            prefill_pass: 1024,
             expert_batch: 32,
         }
+    }
+}
+
+impl ModelOptions {
+    /// Positions per layer-major pass: `prefill_pass` rounded down to whole chunks (at least
+    /// one), so every pass splits into the same chunks as one long pass would.
+    pub fn pass_len(&self) -> usize {
+        let c = self.prefill_chunk.max(1);
+        (self.prefill_pass / c).max(1) * c
     }
 }

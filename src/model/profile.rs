@@ -126,7 +126,7 @@ impl Observer for LayerProfile {
                 let t = c.cur.clone();
                 c.done.push(t);
             }
-            Event::Routes(_) | Event::PassEnd | Event::Kept { .. } => {}
+            Event::Routes(_) | Event::PassEnd | Event::Kept { .. } | Event::Prefill(_) => {}
         }
     }
 }

@@ -52,6 +52,8 @@ pub struct Spine {
     embed: (memmap2::Mmap, Entry),
     in_flight: usize,
     stream_cap: usize,
+    /// Bytes of streamed layers handed out so far (what the spine read from storage).
+    streamed_read: std::sync::atomic::AtomicU64,
 }
 
 impl Spine {
@@ -177,6 +179,7 @@ impl Spine {
             embed,
             in_flight: opts.in_flight.max(1),
             stream_cap,
+            streamed_read: Default::default(),
         })
     }
 
@@ -282,6 +285,18 @@ impl Spine {
         Ok(Tensor::from_vec(out, (ids.len(), cols), &self.device)?)
     }
 
+    /// Bytes of streamed layers read so far (each streamed layer counts once per pass).
+    pub fn bytes_read(&self) -> u64 {
+        self.streamed_read
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count_streamed(&self, l: usize) {
+        let b = self.layer_bytes.get(l).copied().unwrap_or(0);
+        self.streamed_read
+            .fetch_add(b, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Layers pinned / streamed, and bytes read per token.
     pub fn report(&self) -> SpineReport {
         let pinned = self.pinned.iter().filter(|p| p.is_some()).count();
@@ -308,6 +323,7 @@ impl Spine {
             return Ok(LayerRef::Pinned(p.clone()));
         }
         let mut d = self.inner.load(l, &BufPool::new(0), 0)?;
+        self.count_streamed(l);
         if let Some(g) = &self.gpu {
             g.upload(&mut d)?;
         }
@@ -395,6 +411,7 @@ impl Pass<'_> {
             )));
         }
         let mut data = data?;
+        self.spine.count_streamed(l);
         if let Some(g) = &self.spine.gpu {
             g.upload(&mut data)?;
         }

@@ -177,7 +177,7 @@ fn ranks_file_errors_name_the_line() {
 /// ranks + 256 is refused.
 #[test]
 fn real_size_vocabulary_from_dir() {
-    use crate::checkpoint::fixture::full::{k3_config, K3_RANKS};
+    use crate::checkpoint::fixture::full::{k3_config, K3_LAYERS, K3_RANKS};
     use crate::checkpoint::tiktoken_fixture::{
         pad_ranks, tiktoken_model_text, tokenizer_config_json,
     };
@@ -195,7 +195,7 @@ fn real_size_vocabulary_from_dir() {
         serde_json::to_vec(&tc).unwrap(),
     )
     .unwrap();
-    let mut config = k3_config();
+    let mut config = k3_config(K3_LAYERS);
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
     let t0 = std::time::Instant::now();
     let t = Tokenizer::from_dir(dir.path()).unwrap();

@@ -77,7 +77,7 @@ pub fn context_bench(
 
 /// Buffered read rate of `bytes` from the model's shards, the way the spine and experts are
 /// read (positioned reads into one reused buffer, 2 threads), after dropping the page cache.
-fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
+pub(super) fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
     let inv = deltafin::checkpoint::Inventory::from_dir(root)?;
     let mut files: Vec<(std::path::PathBuf, u64)> = inv
         .shards

@@ -6,6 +6,7 @@ pub mod floor;
 pub mod forward;
 pub mod homes;
 pub mod mapped;
+pub mod prefill;
 pub mod speculate;
 pub mod spine;
 

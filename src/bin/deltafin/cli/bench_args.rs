@@ -54,6 +54,29 @@ pub enum BenchKind {
         #[arg(long, default_value = "/tmp/deltafin-bench-homes")]
         scratch: PathBuf,
     },
+    /// A prompt's prefill, layer-major against the old chunk-major order: bytes read ÷ the
+    /// distinct weight bytes it needs, wall time ÷ max(I/O, compute floor), peak RSS vs the plan.
+    Prefill {
+        /// Model directory (a full-shape fixture or a layer prefix of one).
+        #[arg(long)]
+        model_root: PathBuf,
+        /// Prompt lengths, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "64,512,4096")]
+        lengths: Vec<usize>,
+        /// Runs per order and length (each on a freshly opened model).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Draw prompt ids below this (default: the vocabulary; the full-shape fixture's
+        /// embedding holds data in its first 4,096 rows).
+        #[arg(long)]
+        id_max: Option<u32>,
+        /// Layer-major only (skip the chunk-major comparison).
+        #[arg(long)]
+        no_chunk_major: bool,
+        /// Memory limit in GB (default: the machine's).
+        #[arg(long)]
+        memory_gb: Option<f64>,
+    },
     /// Prefill and decode speed of the whole model (each KDA form).
     Forward {
         /// Model directory.
@@ -154,6 +177,32 @@ fn parse_kernel(s: &str) -> anyhow::Result<Kernel> {
 /// Runs one benchmark, printing its JSON lines on stdout.
 pub fn run(kind: BenchKind) -> anyhow::Result<()> {
     match kind {
+        BenchKind::Prefill {
+            model_root,
+            lengths,
+            runs,
+            id_max,
+            no_chunk_major,
+            memory_gb,
+        } => {
+            let load = deltafin::engine::LoadOptions {
+                memory_limit: memory_gb.map(|g| (g * 1e9) as u64),
+                ..Default::default()
+            };
+            let o = crate::bench::prefill::PrefillBenchOptions {
+                lengths: lengths.into_iter().filter(|&n| n > 0).collect(),
+                runs,
+                id_max,
+                chunk_major: !no_chunk_major,
+            };
+            crate::bench::prefill::prefill_bench(
+                &model_root,
+                &candle::Device::Cpu,
+                &load,
+                &o,
+                |l| println!("{l}"),
+            )?;
+        }
         BenchKind::Spine { model_root, runs } => {
             crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
         }

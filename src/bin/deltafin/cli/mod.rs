@@ -176,6 +176,9 @@ pub enum FixtureKind {
         /// Seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Only the first N decoder layers (a full-shape layer prefix, for prefill checks).
+        #[arg(long, default_value_t = deltafin::checkpoint::fixture::K3_LAYERS)]
+        layers: usize,
     },
 }
 
@@ -213,9 +216,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
-            FixtureKind::K3Full { dir, seed } => {
+            FixtureKind::K3Full { dir, seed, layers } => {
                 let t0 = std::time::Instant::now();
-                write_k3_full(&dir, seed)?;
+                write_k3_full(&dir, seed, layers)?;
                 eprintln!(
                     "wrote the full-shape K3 fixture (sparse) to {} in {:.1} s",
                     dir.display(),

@@ -9,6 +9,7 @@ use clap::Args;
 use deltafin::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
 use deltafin::generate::argmax;
 use deltafin::model::{ExpertReuse, LayerProfile, RouterTrace};
+use deltafin::progress::{PrefillProgress, ProgressMode};
 use deltafin::tokenizer::StreamDecoder;
 use deltafin::GenerateOptions;
 
@@ -134,6 +135,8 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     if let Some(p) = &profile {
         model.observe(p.clone());
     }
+    // Where a long prefill is: a bar on a terminal, else a line every few seconds.
+    model.observe(Arc::new(PrefillProgress::new(ProgressMode::Terminal)));
     let reuse = a.stats.then(|| Arc::new(ExpertReuse::default()));
     if let Some(r) = &reuse {
         model.observe(r.clone());
@@ -362,7 +365,11 @@ pub struct ServeArgs {
 /// Runs `deltafin serve`.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
-    let engine = load_engine(&root, &a.store, 1)?;
+    let mut engine = load_engine(&root, &a.store, 1)?;
+    // Prefill progress goes to the log (the SSE stream keeps its keep-alives meanwhile).
+    engine
+        .model_mut()
+        .observe(Arc::new(PrefillProgress::new(ProgressMode::Log)));
     let cfg = deltafin::server::ServerConfig {
         model_id: a.model_id.clone(),
         max_tokens: a.max_tokens.max(1),
