@@ -33,7 +33,7 @@ fn model_root(arg: Option<String>) -> anyhow::Result<PathBuf> {
 }
 
 fn main() -> anyhow::Result<()> {
-    deltafin::init_threads();
+    deltafin::init();
     let (mut thinking, mut show_reasoning, mut root_arg) = (true, false, None);
     // Sampling by default: greedy decoding of a small model loops (K3-tiny, thinking on:
     // 16 of 20 replies ran to the limit greedily, none at 0.8; see README).

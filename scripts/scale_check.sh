@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Scale checks at K3's real shape on this machine (issue 12), run by .ci/run (8-11 minutes):
-# writes the full-shape fixture (sparse, ~1.4 GB of disk), then
-#   1. `deltafin run` with default settings, a 4-token prompt and 3 decode tokens: completes, and
-#      the peak RSS it reports (VmHWM) is within the memory plan's total;
+# Scale checks at K3's real shape on this machine (issues 12 and 28), run by .ci/run (about 25
+# minutes): writes the full-shape fixture with two seeds (routers and small tensors differ;
+# sparse, ~1.4 GB of disk each) and a 4-layer full-shape prefix, then
+#   1. `deltafin run` with default settings, a 4-token prompt and 3 decode tokens, on both seeds:
+#      completes, and the peak RSS it reports (VmHWM) is within the memory plan's total;
 #   2. the same with --memory-gb 12: fewer layers pinned, still within its plan;
-#   3. `deltafin serve` on it answers a completion with 200.
+#   3. a 128-token prompt through all 93 layers with default settings (layer-major prefill):
+#      completes within the plan;
+#   4. `bench prefill` on the 4-layer prefix with a 512-token prompt: bytes read ≤ 1.05 × the
+#      distinct weight bytes the prompt needs, within the plan;
+#   5. `deltafin serve` on it answers a completion with 200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/deltafin-scale.XXXXXX")
@@ -12,29 +17,55 @@ trap 'kill "${server:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
 bin=target/release/deltafin
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture k3-full "$work/k3"
-echo "fixture: $(du -sh "$work/k3" | cut -f1) on disk"
+"$bin" fixture k3-full "$work/k3s1" --seed 1
+"$bin" fixture k3-full "$work/k3p4" --layers 4 --seed 2
+echo "fixtures: $(du -sh "$work/k3" | cut -f1), $(du -sh "$work/k3s1" | cut -f1), prefix $(du -sh "$work/k3p4" | cut -f1) on disk"
+# Prompt ids among the fixture's first 4,096 embedding rows (the rows that hold data), so
+# positions route differently.
+ids() { python3 -c "import random; r=random.Random($1); print(','.join(str(r.randrange(1, 4096)) for _ in range($2)))"; }
 
-check_run() { # name, extra flags...
-  local name=$1; shift
+check_run() { # name, model dir, prompt ids, tokens to generate, extra flags...
+  local name=$1 dir=$2 prompt=$3 max_new=$4; shift 4
   local t0=$SECONDS
-  "$bin" run --model-root "$work/k3" --prompt-ids 1,2,3,4 --max-new 3 --json "$@" \
-    >"$work/$name.json" 2>"$work/$name.log" || { cat "$work/$name.log"; exit 1; }
-  python3 - "$work/$name.json" "$name" "$((SECONDS - t0))" <<'PY'
+  "$bin" run --model-root "$dir" --prompt-ids "$prompt" --max-new "$max_new" --json "$@" \
+    >"$work/$name.json" 2>"$work/$name.log" || { tail -20 "$work/$name.log"; exit 1; }
+  python3 - "$work/$name.json" "$name" "$((SECONDS - t0))" "$max_new" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-m = r["memory"]; p = m["plan"]
-assert len(r["generated_ids"]) == 3, r["generated_ids"]
+m = r["memory"]; p = m["plan"]; pre = r["prefill"]
+assert len(r["generated_ids"]) == int(sys.argv[4]), r["generated_ids"]
 pinned = next(l["what"] for l in p["lines"] if l["what"].startswith("pinned"))
-print(f'{sys.argv[2]}: {sys.argv[3]} s, peak RSS {m["peak_rss_bytes"]/1e9:.2f} GB, plan total '
-      f'{p["total"]/1e9:.2f} GB (limit {p["limit"]/1e9:.2f} GB {p["limit_source"]}), {pinned}')
+print(f'{sys.argv[2]}: {sys.argv[3]} s, prefill of {pre["tokens"]} tokens in {pre["ms"]/1e3:.1f} s '
+      f'({pre["passes"]} pass(es), {(pre["bytes_read"] or 0)/1e9:.1f} GB read), peak RSS '
+      f'{m["peak_rss_bytes"]/1e9:.2f} GB, plan total {p["total"]/1e9:.2f} GB (limit '
+      f'{p["limit"]/1e9:.2f} GB {p["limit_source"]}), {pinned}')
 assert m["peak_rss_bytes"] <= p["total"], "peak RSS over the memory plan"
 open(sys.argv[1] + ".pinned", "w").write(pinned.split("(")[1].split(")")[0])
 PY
 }
-check_run default
-check_run small --memory-gb 12
+check_run default "$work/k3" 1,2,3,4 3
+check_run seed1 "$work/k3s1" 1,2,3,4 3
+check_run small "$work/k3" 1,2,3,4 3 --memory-gb 12
 big=$(cat "$work/default.json.pinned"); small=$(cat "$work/small.json.pinned")
 [ "$small" -lt "$big" ] || { echo "--memory-gb 12 pinned $small layers, default $big"; exit 1; }
+check_run prompt128 "$work/k3s1" "$(ids 128 128)" 1
+
+"$bin" bench prefill --model-root "$work/k3p4" --lengths 512 --runs 1 --id-max 4096 \
+  --no-chunk-major >"$work/prefill.jsonl" 2>"$work/prefill.log" || { tail -20 "$work/prefill.log"; exit 1; }
+python3 - "$work/prefill.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["figure"] != "prefill":
+        continue
+    q = r["read_over_distinct"]["median"]
+    print(f'prefix prefill, {r["prompt_len"]} tokens: {r["bytes_read_gb"]:.1f} GB read for '
+          f'{r["distinct_gb"]:.1f} GB distinct ({q:.3f}x), {r["wall_ms"]["median"]/1e3:.1f} s '
+          f'({r["wall_over_floor"]["median"]:.2f}x the floor), peak RSS {r["peak_rss_gb"]:.2f} GB, '
+          f'plan {r["plan_total_gb"]:.2f} GB')
+    assert q <= 1.05, "the prefill read more than 1.05x the distinct bytes"
+    assert r["within_plan"], "peak RSS over the memory plan"
+PY
 
 port=$((20000 + RANDOM % 20000))
 "$bin" serve --model-root "$work/k3" --port "$port" --max-tokens 2 2>"$work/server.log" &

@@ -72,6 +72,14 @@ pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 pub use model::{K3Model, SeqState};
 pub use spine::source::Spine;
 
+/// Process set-up for the binaries, the chat example and anything that runs a model: the
+/// thread count (`init_threads`) and an allocator that returns large buffers to the OS
+/// (`memory::bound_allocator`). Call it first thing in `main`, before any thread starts.
+pub fn init() {
+    init_threads();
+    memory::bound_allocator();
+}
+
 /// Pins Candle's and rayon's thread count (`RAYON_NUM_THREADS`) to the available parallelism
 /// when it is unset. Call it first thing in `main`, before any thread starts: Candle 0.11 on Linux
 /// otherwise re-reads `/proc/cpuinfo` on every CPU matmul, which made K3-nano decode 5x slower.

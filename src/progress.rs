@@ -26,8 +26,8 @@ pub fn bytes_bar(total: u64, msg: &str) -> ProgressBar {
 pub enum ProgressMode {
     /// A bar on a terminal; else a line on stderr every few seconds.
     Terminal,
-    /// A `tracing` line every few seconds (the server).
-    Log,
+    /// A line on stderr every few seconds, never a bar (the server, whose log is stderr).
+    Lines,
 }
 
 /// Seconds between progress lines when no bar is shown.
@@ -59,7 +59,7 @@ impl PrefillProgress {
         let total = (s.passes * s.layers) as u64;
         let bar = match self.mode {
             ProgressMode::Terminal => ProgressBar::new(total),
-            ProgressMode::Log => ProgressBar::hidden(),
+            ProgressMode::Lines => ProgressBar::hidden(),
         };
         let style = ProgressStyle::with_template(
             "prefill [{bar:30}] {pos}/{len} layer steps, {msg}, eta {eta}",
@@ -124,10 +124,7 @@ impl Observer for PrefillProgress {
         let finished = done >= (s.passes * s.layers) as u64;
         if r.bar.is_hidden() && (r.last_line.elapsed() >= LINE_EVERY || finished) {
             r.last_line = Instant::now();
-            match self.mode {
-                ProgressMode::Terminal => eprintln!("prefill: {line}"),
-                ProgressMode::Log => tracing::info!("prefill: {line}"),
-            }
+            eprintln!("prefill: {line}");
         }
         if finished {
             r.bar.finish_and_clear();

@@ -109,6 +109,24 @@ pub fn reserve(limit: u64) -> u64 {
     (3 * GB / 2).max(limit / 10)
 }
 
+/// Allocations of at least this many bytes get their own mapping (`bound_allocator`).
+pub const MMAP_THRESHOLD: usize = 4 << 20;
+
+/// Fixes glibc's mmap threshold at `MMAP_THRESHOLD`. By default glibc raises the threshold to
+/// the size of each large block freed (up to 32 MiB), after which 17.5 MB expert buffers and
+/// multi-MB activations come from the heap and freed ones stay resident as fragments: a 512-token
+/// prefill on a 4-layer full-shape prefix peaked at 12.2–13.6 GB that way against 10.9 GB with
+/// the threshold fixed (`bench prefill`, issue 28), so the peak depended on the routing. With a
+/// fixed threshold every large buffer is unmapped when freed, whatever the routes. Elsewhere
+/// (macOS, musl) it does nothing.
+pub fn bound_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only changes allocator parameters; called before threads start.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as libc::c_int);
+    }
+}
+
 /// Resets this process's peak resident memory (`VmHWM`) to its current RSS, so a later `rss()`
 /// reports the peak of what ran since (Linux; elsewhere it does nothing and says so).
 pub fn reset_peak() -> bool {

@@ -180,20 +180,26 @@ impl MemoryPlan {
             "state before the turn (KDA, for a cancel)".into(),
             i.state_fixed,
         ));
+        let max_layer = i.layer_bytes.iter().copied().max().unwrap_or(0);
+        let depth = i.in_flight.max(1) as u64;
+        // The pass: the longest power of two (whole chunks, at most the context) within a tenth
+        // of the budget that still leaves the model runnable with nothing pinned.
+        let base = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
+        let need = base.saturating_add(depth * max_layer * copies);
+        let pass_bytes = |p: usize| (p as u64).saturating_mul(i.pass_row_bytes);
         let chunk = i.prefill_chunk.max(1);
         let mut prefill_pass = chunk;
         while prefill_pass * 2 <= MAX_PASS.min(context.max(chunk))
-            && (prefill_pass as u64 * 2).saturating_mul(i.pass_row_bytes) <= budget / PASS_SHARE
+            && pass_bytes(prefill_pass * 2) <= budget / PASS_SHARE
+            && need.saturating_add(pass_bytes(prefill_pass * 2)) <= budget
         {
             prefill_pass *= 2;
         }
         lines.push((
             format!("prefill pass ({prefill_pass} positions, layer-major)"),
-            (prefill_pass as u64).saturating_mul(i.pass_row_bytes),
+            pass_bytes(prefill_pass),
         ));
         let fixed: u64 = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
-        let max_layer = i.layer_bytes.iter().copied().max().unwrap_or(0);
-        let depth = i.in_flight.max(1) as u64;
         let floor = fixed.saturating_add(depth * max_layer * copies);
         if floor > budget {
             let mut big = lines.clone();

@@ -181,6 +181,10 @@ fn prefill_pass_is_charged_and_sized_by_the_budget() {
             .any(|l| l.what.contains("before the turn") && l.bytes == 434_000_000));
     }
     assert_eq!(last, 4096, "512 GB holds the longest pass");
+    // A machine that can only just run the model gets a shorter pass, not an error.
+    let small = MemoryPlan::new(&k3(Some(12 * GB))).unwrap();
+    let roomy = MemoryPlan::new(&k3(Some(23 * GB))).unwrap();
+    assert!(small.prefill_pass < roomy.prefill_pass, "{small}");
     // Never longer than the context.
     let mut i = k3(Some(64 * GB));
     i.context = Some(100);

@@ -1,6 +1,6 @@
 //! One decoder layer (spec §3.3): Block Attention Residuals before attention and before the
 //! feed-forward, KDA or MLA attention, a dense MLP or a latent MoE. `Layer::forward` is the whole
-//! layer on one pass's data; it reports its progress to an `Observer` and holds no clock, trace or
+//! layer on one layer-major pass (its rows held as prefill chunks) with that pass's data; it reports its progress to an `Observer` and holds no clock, trace or
 //! device sync of its own. Owns the layer's small tensors and bound slots, never its state.
 
 use candle::Tensor;

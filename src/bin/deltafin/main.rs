@@ -10,7 +10,7 @@ mod cli;
 static ALLOC: deltafin::alloc_count::CountingAlloc = deltafin::alloc_count::CountingAlloc;
 
 fn main() -> anyhow::Result<()> {
-    deltafin::init_threads();
+    deltafin::init();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

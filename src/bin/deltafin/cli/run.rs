@@ -215,6 +215,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     };
     // Expert reads from the first token on (the prefill's are not the decode's).
     let mut after_prefill = None;
+    let (read0, mut prefill_read) = (model.bytes_read(), None);
     let gen = session.generate(
         &prompt_ids,
         &gen_opts,
@@ -222,6 +223,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         &mut |l: &[f32]| argmax(l),
         |id| {
             after_prefill.get_or_insert_with(|| model.expert_stats().unwrap_or_default());
+            prefill_read.get_or_insert_with(|| model.bytes_read() - read0);
             report.token(model, id, tok.map(|t| t.decode(&[id])));
             if !a.json {
                 match &tok {
@@ -270,6 +272,9 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "generated_ids": gen.generated_ids,
             "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
             "stop": gen.stop,
+            "prefill": {"tokens": prompt_ids.len(), "ms": gen.prefill_ms,
+                "passes": prompt_ids.len().div_ceil(model.options.pass_len()),
+                "bytes_read": prefill_read},
             "speculation": spec,
             "memory": super::store::memory_report(model),
         });
@@ -366,10 +371,11 @@ pub struct ServeArgs {
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
     let mut engine = load_engine(&root, &a.store, 1)?;
-    // Prefill progress goes to the log (the SSE stream keeps its keep-alives meanwhile).
+    // Prefill progress: a line on stderr every few seconds (the SSE stream keeps its
+    // keep-alives meanwhile).
     engine
         .model_mut()
-        .observe(Arc::new(PrefillProgress::new(ProgressMode::Log)));
+        .observe(Arc::new(PrefillProgress::new(ProgressMode::Lines)));
     let cfg = deltafin::server::ServerConfig {
         model_id: a.model_id.clone(),
         max_tokens: a.max_tokens.max(1),
