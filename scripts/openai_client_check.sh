@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
-trap 'kill "${server:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'if [ -n "${server:-}" ]; then kill "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 bin=target/release/deltafin
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture nano "$work/nano" 2>/dev/null

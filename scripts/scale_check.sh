@@ -13,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/deltafin-scale.XXXXXX")
-trap 'kill "${server:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+# (`kill 0` would signal the whole process group, this script included: only a started server.)
+trap 'if [ -n "${server:-}" ]; then kill "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 bin=target/release/deltafin
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture k3-full "$work/k3"

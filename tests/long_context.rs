@@ -1,7 +1,7 @@
-//! Long prompts and contexts on K3-nano: a 4,000-token prompt prefills in chunks, a cancel
-//! during it returns within one chunk's time, the context limit is enforced with an error that
-//! names it, generation stops at the limit, and prefetch hints stay bounded by the last
-//! position's routes.
+//! Long prompts and contexts on K3-nano: a 4,000-token prompt prefills in layer-major passes, a
+//! cancel during it returns within one layer step's time and rewinds the state, the context
+//! limit is enforced with an error that names it, generation stops at the limit, and prefetch
+//! hints stay bounded by the last position's routes.
 
 mod common;
 
@@ -20,32 +20,23 @@ fn prompt(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 #[test]
-fn long_prompt_prefills_in_chunks_and_cancels_within_a_chunk() {
+fn long_prompt_prefills_and_cancels_within_a_layer() {
     let m = K3Model::from_dir(&common::nano(), &candle::Device::Cpu).unwrap();
     let vocab = m.config().text().vocab_size;
-    let chunk = m.options.prefill_chunk;
     let ids = prompt(4000, vocab);
-    // One chunk's time, measured (the slowest of three, so other tests running alongside do not
-    // make the bound too tight).
-    let per_chunk = (0..3)
-        .map(|k| {
-            let mut st = m.new_state();
-            let t0 = Instant::now();
-            m.forward(&ids[k * chunk..(k + 1) * chunk], &mut st)
-                .unwrap();
-            t0.elapsed()
-        })
-        .max()
-        .unwrap();
-    // The whole prompt, in chunks, with a logits vector at the end.
+    // The whole prompt, in layer-major passes, with a logits vector at the end.
     let mut st = m.new_state();
     let t0 = Instant::now();
     let logits = m.forward(&ids, &mut st).unwrap();
     let whole = t0.elapsed();
     assert_eq!(st.pos, 4000);
     assert_eq!(logits.dims1().unwrap(), vocab);
-    eprintln!("one {chunk}-token chunk {per_chunk:?}; 4,000 tokens {whole:?}");
-    // Cancel midway: returns within about one chunk's time of the flag being set.
+    // One layer of one pass: the most a cancel waits for.
+    let steps = ids.len().div_ceil(m.options.pass_len()) * m.config().num_layers();
+    let per_step = whole / steps as u32;
+    eprintln!("4,000 tokens {whole:?}, {steps} layer steps, {per_step:?} each");
+    // Cancel midway: returns within about one layer step of the flag being set, with the state
+    // rewound to where the prompt began.
     let cancel = Arc::new(AtomicBool::new(false));
     let c = cancel.clone();
     let delay = whole / 3;
@@ -68,14 +59,13 @@ fn long_prompt_prefills_in_chunks_and_cancels_within_a_chunk() {
     let lag = returned.saturating_duration_since(set_at);
     assert_eq!(g.stop, StopReason::Cancelled);
     assert!(g.generated_ids.is_empty());
-    assert!(
-        st.pos < 4000 && st.pos.is_multiple_of(chunk),
-        "pos {}",
-        st.pos
+    assert_eq!(
+        st.pos, 0,
+        "a cancelled prefill leaves the state where it began"
     );
     assert!(
-        lag <= per_chunk * 2 + Duration::from_millis(50),
-        "cancel took {lag:?}, one chunk takes {per_chunk:?}"
+        lag <= per_step * 2 + Duration::from_millis(50),
+        "cancel took {lag:?}, one layer step takes {per_step:?}"
     );
 }
 

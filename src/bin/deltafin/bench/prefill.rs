@@ -4,8 +4,8 @@
 //! bytes read from storage ÷ the distinct weight bytes the prompt needs (the streamed spine
 //! layers once, plus every distinct routed expert's span), wall time ÷ max(I/O floor, compute
 //! floor), and peak RSS (`VmHWM`, reset before each run) against the memory plan. The floors
-//! come from rates measured in the same run: the shards' read rate, and the dense and MXFP4
-//! kernels' throughput at a prefill chunk's row count.
+//! come from rates measured in the same run: the shards' read rate right before each run, and
+//! the dense and MXFP4 kernels' throughput at a prefill chunk's row count at the start.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -206,13 +206,10 @@ pub fn prefill_bench(
     drop(probe);
     let inv = Inventory::from_dir(root)?;
     let spine = spine_params(&inv, cfg.num_layers());
-    let read_gbps = super::forward::shard_read_gbps(root, 4_000_000_000)?;
     let rates = kernel_rates(&cfg, chunk, int8, kernel)?;
-    emit(
-        serde_json::json!({"figure": "bounds", "shard_read_gbps": read_gbps,
+    emit(serde_json::json!({"figure": "bounds",
         "dense_gflops": rates.dense / 1e9, "mxfp4_gflops": rates.mxfp4 / 1e9,
-        "rows": chunk, "prefill_pass": pass}),
-    );
+        "rows": chunk, "prefill_pass": pass}));
     let vocab = cfg.text().vocab_size as u32;
     let id_max = o.id_max.unwrap_or(vocab).clamp(1, vocab);
     for &n in &o.lengths {
@@ -224,29 +221,34 @@ pub fn prefill_bench(
             &[("layer-major", false)]
         };
         for &(name, old) in orders {
-            let runs: Vec<Run> = (0..o.runs.max(1))
-                .map(|_| one_run(root, device, load, &ids, old))
-                .collect::<Result<_>>()?;
-            let r0 = &runs[0];
+            // Each run right after its own read-rate measurement (this disk varies by ±50%).
+            let mut runs = Vec::new();
+            for _ in 0..o.runs.max(1) {
+                let gbps = super::forward::shard_read_gbps(root, 4_000_000_000)?;
+                runs.push((gbps, one_run(root, device, load, &ids, old)?));
+            }
+            let r0 = &runs[0].1;
             let (dense, expert) = prefill_flops(&cfg, spine, n, r0.pairs);
             let compute_s = dense / rates.dense + expert / rates.mxfp4;
-            let io_s = r0.distinct as f64 / 1e9 / read_gbps;
-            let floor_ms = 1e3 * compute_s.max(io_s);
+            let io_s = |gbps: f64| r0.distinct as f64 / 1e9 / gbps;
+            let floor_ms = |gbps: f64| 1e3 * compute_s.max(io_s(gbps));
             let ratio = Stats::of(
                 runs.iter()
-                    .map(|r| r.read as f64 / r.distinct as f64)
+                    .map(|(_, r)| r.read as f64 / r.distinct as f64)
                     .collect(),
             );
-            let wall = Stats::of(runs.iter().map(|r| r.ms).collect());
-            let over = Stats::of(runs.iter().map(|r| r.ms / floor_ms).collect());
-            let peak = runs.iter().map(|r| r.peak).max().unwrap_or(0);
+            let wall = Stats::of(runs.iter().map(|(_, r)| r.ms).collect());
+            let over = Stats::of(runs.iter().map(|(g, r)| r.ms / floor_ms(*g)).collect());
+            let io = Stats::of(runs.iter().map(|(g, _)| io_s(*g) * 1e3).collect());
+            let peak = runs.iter().map(|(_, r)| r.peak).max().unwrap_or(0);
             emit(
                 serde_json::json!({"figure": "prefill", "order": name, "prompt_len": n,
                 "runs": runs.len(), "passes": r0.passes,
                 "bytes_read_gb": r0.read as f64 / 1e9, "distinct_gb": r0.distinct as f64 / 1e9,
                 "read_over_distinct": {"median": ratio.median, "min": ratio.min, "max": ratio.max},
                 "wall_ms": {"median": wall.median, "min": wall.min, "max": wall.max},
-                "io_floor_ms": io_s * 1e3, "compute_floor_ms": compute_s * 1e3,
+                "io_floor_ms": {"median": io.median, "min": io.min, "max": io.max},
+                "compute_floor_ms": compute_s * 1e3,
                 "wall_over_floor": {"median": over.median, "min": over.min, "max": over.max},
                 "peak_rss_gb": peak as f64 / 1e9, "plan_total_gb": r0.plan as f64 / 1e9,
                 "within_plan": peak <= r0.plan}),
