@@ -33,7 +33,7 @@ fn model_root(arg: Option<String>) -> anyhow::Result<PathBuf> {
 }
 
 fn main() -> anyhow::Result<()> {
-    deltafin::init();
+    deltafin::init(std::env::var_os("RAYON_NUM_THREADS").is_some());
     let (mut thinking, mut show_reasoning, mut root_arg) = (true, false, None);
     // Sampling by default: greedy decoding of a small model loops (K3-tiny, thinking on:
     // 16 of 20 replies ran to the limit greedily, none at 0.8; see README).
@@ -99,7 +99,10 @@ fn main() -> anyhow::Result<()> {
     let chat = ChatOptions {
         thinking,
         effort: if thinking {
-            Some(Effort::resolve(None)?)
+            Some(Effort::resolve(
+                None,
+                std::env::var("K3_REASONING_EFFORT").ok().as_deref(),
+            )?)
         } else {
             None
         },

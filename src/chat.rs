@@ -68,14 +68,13 @@ impl Effort {
         }
     }
 
-    /// The request value, else `K3_REASONING_EFFORT`, else `max`.
-    pub fn resolve(request: Option<&str>) -> Result<Self> {
-        match request {
-            Some(r) => Self::parse(r),
-            None => match std::env::var("K3_REASONING_EFFORT") {
-                Ok(v) if !v.is_empty() => Self::parse(&v),
-                _ => Ok(Effort::Max),
-            },
+    /// The request value, else the caller's default (the binaries: `K3_REASONING_EFFORT`),
+    /// else `max`.
+    pub fn resolve(request: Option<&str>, default: Option<&str>) -> Result<Self> {
+        match (request, default) {
+            (Some(r), _) => Self::parse(r),
+            (None, Some(d)) if !d.is_empty() => Self::parse(d),
+            _ => Ok(Effort::Max),
         }
     }
 

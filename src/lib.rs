@@ -1,6 +1,8 @@
 //! Kimi K3 on Candle: a streaming MoE runtime.
 //!
-//! The crate is organised as DESIGN.md describes: `config` (K3Config), `checkpoint`
+//! The crate's map is `docs/ARCHITECTURE.md`; the model contract the code cites as "spec §N" is
+//! `docs/k3-spec.md`. Modules: `moe` (the model-agnostic MoE runtime: gating, the routed expert
+//! as a value, the executor), `config` (K3Config), `checkpoint`
 //! (safetensors headers, the tensor inventory, expert spans, fixture writers), `mxfp4` (MXFP4
 //! format and fused kernels), `model` (K3 as Candle modules), `spine` (dense weights: store,
 //! row-int8, pinned/streamed layers), `experts` (the tiered streaming expert store), `hub`
@@ -55,6 +57,7 @@ pub mod hub;
 pub mod install;
 pub mod memory;
 pub mod model;
+pub mod moe;
 pub mod mxfp4;
 pub mod progress;
 pub mod server;
@@ -74,21 +77,24 @@ pub use spine::source::Spine;
 
 /// Process set-up for the binaries, the chat example and anything that runs a model: the
 /// thread count (`init_threads`) and an allocator that returns large buffers to the OS
-/// (`memory::bound_allocator`). Call it first thing in `main`, before any thread starts.
-pub fn init() {
-    init_threads();
+/// (`memory::bound_allocator`). `threads_set`: whether the caller's environment already sets
+/// `RAYON_NUM_THREADS` (the library reads no environment). Call it first thing in `main`,
+/// before any thread starts.
+pub fn init(threads_set: bool) {
+    if !threads_set {
+        init_threads();
+    }
     memory::bound_allocator();
 }
 
-/// Pins Candle's and rayon's thread count (`RAYON_NUM_THREADS`) to the available parallelism
-/// when it is unset. Call it first thing in `main`, before any thread starts: Candle 0.11 on Linux
-/// otherwise re-reads `/proc/cpuinfo` on every CPU matmul, which made K3-nano decode 5x slower.
+/// Pins Candle's and rayon's thread count (`RAYON_NUM_THREADS`) to the available parallelism.
+/// Call it first thing in `main`, before any thread starts, when the variable is unset: Candle
+/// 0.11 on Linux otherwise re-reads `/proc/cpuinfo` on every CPU matmul, which made K3-nano
+/// decode 5x slower.
 pub fn init_threads() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        // SAFETY-relevant note: called before other threads exist, as documented above.
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    // SAFETY-relevant note: called before other threads exist, as documented above.
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
 }

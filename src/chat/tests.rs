@@ -63,7 +63,10 @@ fn attribute_values_are_escaped_and_history_renders() {
     assert!(!t.contains("think") && !t.contains("thinking-effort"));
     assert!(t.ends_with("<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>"));
     assert!(Effort::parse("medium").is_err());
-    assert_eq!(Effort::resolve(Some("low")).unwrap(), Effort::Low);
+    assert_eq!(
+        Effort::resolve(Some("low"), Some("high")).unwrap(),
+        Effort::Low
+    );
     let tools = serde_json::json!([{"name": "f", "b": 1, "a": {"z": 1, "y": 2}}]);
     let t = segments_text(
         &render(

@@ -1,49 +1,55 @@
-//! Routed-expert spans: where each expert's six MXFP4 tensors lie, and whether one read gets
-//! them all. The layout is generic so other MoE checkpoints can describe their own naming.
+//! Routed-expert spans: where each expert's parts lie in the shards, and whether one read gets
+//! them all. Knows no model: the layout (shapes, dtypes, order) and the tensor names come from
+//! the caller, one tensor per expert (`derive`, K3) or each layer's experts stacked
+//! (`derive_stacked`, gpt-oss).
 
 use super::header::Dtype;
 use super::inventory::Inventory;
-use crate::config::K3Config;
 use crate::{Error, Result};
 
-/// Names of the six parts in canonical (raw-v1) order.
-pub const K3_EXPERT_PARTS: [&str; 6] = [
-    "w1.weight_packed",
-    "w1.weight_scale",
-    "w2.weight_packed",
-    "w2.weight_scale",
-    "w3.weight_packed",
-    "w3.weight_scale",
-];
-
-/// Shapes of an expert's parts (all U8), in canonical order.
+/// Shapes and dtypes of an expert's parts, in canonical order (the order of the bytes an
+/// `ExpertProvider` hands over).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertLayout {
-    /// `[rows, cols]` of each part as stored (packed: cols/2, scale: cols/group).
-    pub part_shapes: Vec<[usize; 2]>,
+    /// Shape of each part as one expert holds it (MXFP4 packed: `[rows, cols/2]`, scales:
+    /// `[rows, cols/group]`, a bias: `[n]`). A tensor with the same leading dimension and
+    /// element count also matches (gpt-oss stores packed codes as `[rows, cols/32, 16]`).
+    pub part_shapes: Vec<Vec<usize>>,
+    /// Dtype of each part.
+    pub part_dtypes: Vec<Dtype>,
 }
 
 impl ExpertLayout {
-    /// The layout of three MXFP4 matrices `(rows, cols)` with the given group size.
+    /// The layout of MXFP4 matrices `(rows, cols)` with the given group size (packed codes, then
+    /// scales, for each matrix in turn).
     pub fn mxfp4(matrices: &[(usize, usize)], group: usize) -> Self {
         let mut part_shapes = Vec::new();
         for &(r, c) in matrices {
-            part_shapes.push([r, c / 2]);
-            part_shapes.push([r, c / group]);
+            part_shapes.push(vec![r, c / 2]);
+            part_shapes.push(vec![r, c / group]);
         }
-        ExpertLayout { part_shapes }
+        let part_dtypes = vec![Dtype::U8; part_shapes.len()];
+        ExpertLayout {
+            part_shapes,
+            part_dtypes,
+        }
     }
 
-    /// K3's layout from the config.
-    pub fn k3(cfg: &K3Config) -> Self {
-        Self::mxfp4(&cfg.expert_matrix_shapes(), cfg.group_size)
+    /// A layout from `(shape, dtype)` parts.
+    pub fn from_parts(parts: Vec<(Vec<usize>, Dtype)>) -> Self {
+        let (part_shapes, part_dtypes) = parts.into_iter().unzip();
+        ExpertLayout {
+            part_shapes,
+            part_dtypes,
+        }
     }
 
     /// Byte size of each part.
     pub fn part_sizes(&self) -> Vec<u64> {
         self.part_shapes
             .iter()
-            .map(|s| (s[0] * s[1]) as u64)
+            .zip(&self.part_dtypes)
+            .map(|(s, d)| (s.iter().product::<usize>() * d.bitsize() / 8) as u64)
             .collect()
     }
 
@@ -61,6 +67,14 @@ impl ExpertLayout {
     /// Bytes of one expert.
     pub fn span_bytes(&self) -> u64 {
         self.part_sizes().iter().sum()
+    }
+
+    /// Whether a stored tensor of `shape` holds part `p` of one expert.
+    fn matches(&self, p: usize, shape: &[usize]) -> bool {
+        let want = &self.part_shapes[p];
+        let numel = |s: &[usize]| s.iter().product::<usize>();
+        shape == want.as_slice()
+            || (shape.first() == want.first() && numel(shape) == numel(want) && want.len() > 1)
     }
 }
 
@@ -104,26 +118,9 @@ pub struct ExpertIndex {
     pub spans: Vec<Vec<ExpertSpan>>,
 }
 
-/// K3's expert tensor name.
-pub fn k3_expert_name(inv: &Inventory, layer: usize, expert: usize, part: &str) -> String {
-    inv.layer_name(layer, &format!("block_sparse_moe.experts.{expert}.{part}"))
-}
-
 impl ExpertIndex {
-    /// Derives K3's expert spans from the inventory, checking every part against the config.
-    pub fn derive_k3(inv: &Inventory, cfg: &K3Config) -> Result<Self> {
-        let layers: Vec<usize> = cfg.moe_layers().collect();
-        Self::derive(
-            inv,
-            cfg.num_layers(),
-            &layers,
-            cfg.text().num_experts,
-            ExpertLayout::k3(cfg),
-            |l, e, p| k3_expert_name(inv, l, e, K3_EXPERT_PARTS[p]),
-        )
-    }
-
-    /// Derives spans for any MoE naming: `name(layer, expert, part_index)`.
+    /// Derives spans for a checkpoint with one tensor per expert and part:
+    /// `name(layer, expert, part_index)`.
     pub fn derive(
         inv: &Inventory,
         num_layers: usize,
@@ -138,27 +135,10 @@ impl ExpertIndex {
             for e in 0..num_experts {
                 let mut parts = Vec::with_capacity(layout.part_shapes.len());
                 let mut shard = None;
-                for (p, shape) in layout.part_shapes.iter().enumerate() {
+                for p in 0..layout.part_shapes.len() {
                     let n = name(l, e, p);
-                    let t = inv.get(&n).ok_or_else(|| Error::Checkpoint {
-                        dir: inv.dir.clone(),
-                        msg: format!("expert part `{n}` is missing (layer {l}, expert {e})"),
-                    })?;
-                    if t.dtype != Dtype::U8 || t.shape != shape.as_slice() {
-                        return Err(Error::Tensor {
-                            name: n,
-                            msg: format!(
-                                "expected U8 {shape:?} from the config, found {} {:?}",
-                                t.dtype, t.shape
-                            ),
-                        });
-                    }
-                    if *shard.get_or_insert(t.shard) != t.shard {
-                        return Err(Error::Checkpoint {
-                            dir: inv.dir.clone(),
-                            msg: format!("expert {e} of layer {l} is split across shards"),
-                        });
-                    }
+                    let t = part_tensor(inv, &layout, &n, p, None, (l, e))?;
+                    check_one_shard(inv, &mut shard, t.shard, (l, e))?;
                     parts.push((t.start, t.len()));
                 }
                 layer.push(ExpertSpan {
@@ -167,6 +147,43 @@ impl ExpertIndex {
                 });
             }
             spans[l] = layer;
+        }
+        Ok(ExpertIndex { layout, spans })
+    }
+
+    /// Derives spans for a checkpoint that stacks each layer's experts in one tensor per part
+    /// (`[experts, ..part shape]`, as gpt-oss stores `*_blocks`, `*_scales` and biases):
+    /// `name(layer, part_index)`. Expert `e`'s part is the `e`-th slice, so its parts are not
+    /// contiguous and a read takes one request per part.
+    pub fn derive_stacked(
+        inv: &Inventory,
+        num_layers: usize,
+        moe_layers: &[usize],
+        num_experts: usize,
+        layout: ExpertLayout,
+        name: impl Fn(usize, usize) -> String,
+    ) -> Result<Self> {
+        let sizes = layout.part_sizes();
+        let mut spans = vec![Vec::new(); num_layers];
+        for &l in moe_layers {
+            let mut starts = Vec::with_capacity(sizes.len());
+            let mut shard = None;
+            for p in 0..sizes.len() {
+                let n = name(l, p);
+                let t = part_tensor(inv, &layout, &n, p, Some(num_experts), (l, 0))?;
+                check_one_shard(inv, &mut shard, t.shard, (l, 0))?;
+                starts.push(t.start);
+            }
+            spans[l] = (0..num_experts as u64)
+                .map(|e| ExpertSpan {
+                    shard: shard.unwrap_or(0),
+                    parts: starts
+                        .iter()
+                        .zip(&sizes)
+                        .map(|(&s, &n)| (s + e * n, n))
+                        .collect(),
+                })
+                .collect();
         }
         Ok(ExpertIndex { layout, spans })
     }
@@ -189,4 +206,64 @@ impl ExpertIndex {
     pub fn count(&self) -> usize {
         self.spans.iter().map(|l| l.len()).sum()
     }
+}
+
+/// The stored tensor of part `p` (of `stacked` experts when given), checked against the layout.
+fn part_tensor<'a>(
+    inv: &'a Inventory,
+    layout: &ExpertLayout,
+    n: &str,
+    p: usize,
+    stacked: Option<usize>,
+    (l, e): (usize, usize),
+) -> Result<&'a super::inventory::TensorInfo> {
+    let t = inv.get(n).ok_or_else(|| Error::Checkpoint {
+        dir: inv.dir.clone(),
+        msg: match stacked {
+            Some(_) => format!("stacked expert part `{n}` is missing (layer {l})"),
+            None => format!("expert part `{n}` is missing (layer {l}, expert {e})"),
+        },
+    })?;
+    let (want, dtype) = (&layout.part_shapes[p], layout.part_dtypes[p]);
+    let shape_ok = match stacked {
+        Some(k) => t.shape.first() == Some(&k) && layout.matches(p, &t.shape[1..]),
+        None => layout.matches(p, &t.shape),
+    };
+    if t.dtype != dtype || !shape_ok {
+        let want = match stacked {
+            Some(k) => format!("{dtype} [{k}, {}]", join(want)),
+            None => format!("{dtype} {want:?}"),
+        };
+        return Err(Error::Tensor {
+            name: n.to_string(),
+            msg: format!(
+                "expected {want} from the config, found {} {:?}",
+                t.dtype, t.shape
+            ),
+        });
+    }
+    Ok(t)
+}
+
+fn join(s: &[usize]) -> String {
+    s.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Every part of one expert must lie in one shard (one file to read from).
+fn check_one_shard(
+    inv: &Inventory,
+    shard: &mut Option<usize>,
+    this: usize,
+    (l, e): (usize, usize),
+) -> Result<()> {
+    if *shard.get_or_insert(this) != this {
+        return Err(Error::Checkpoint {
+            dir: inv.dir.clone(),
+            msg: format!("expert {e} of layer {l} is split across shards"),
+        });
+    }
+    Ok(())
 }

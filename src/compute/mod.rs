@@ -1,7 +1,7 @@
 //! The compute seam: every operation whose implementation depends on the device, behind one
 //! call each, chosen inside (the Metal kernels when the data lives there, the host kernels
 //! otherwise): the spine matrices' GEMV (`dense`), one MoE layer's MXFP4 expert batch
-//! (`run_experts`), and the spine's device side (`spine_device`: template layers and pinned
+//! (`run_experts`, any `ExpertFfn`), and the spine's device side (`spine_device`: template layers and pinned
 //! copies). The device is chosen once (`device::select`); the model calls these and never
 //! branches on it. `metal` (behind the `metal` feature) holds the Metal side. Owns no weights
 //! and no state; depends on `spine`, `experts` and `mxfp4`, never the reverse.
@@ -15,7 +15,8 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use crate::experts::ExpertBytes;
-use crate::mxfp4::{with_last_dim, Kernel, Mxfp4Expert};
+use crate::moe::ExpertFfn;
+use crate::mxfp4::{with_last_dim, Kernel};
 use crate::spine::dense::DenseMatrix;
 use crate::spine::DeviceSide;
 use crate::Result;
@@ -43,33 +44,36 @@ pub fn dense(x: &Tensor, w: &DenseMatrix) -> Result<Tensor> {
     Ok(Tensor::from_vec(ys, out, x.device())?)
 }
 
-/// One MoE layer's selected experts: pair `(k, t)` runs expert span `spans[k]` on latent row `t`
-/// of `z` `[T, latent]` (the pairs of one expert consecutive); returns `[pairs, latent]`. On the
-/// host each expert is one task, single-threaded (`Mxfp4Expert::forward_all`).
-#[allow(clippy::too_many_arguments)]
+/// One MoE layer's selected experts: pair `(k, t)` runs expert span `spans[k]` on row `t` of
+/// `z` `[T, width]` (the pairs of one expert consecutive); returns `[pairs, width]`. On the host
+/// each expert is one task, single-threaded, on the current rayon pool (fewer hand-offs than
+/// splitting every GEMV's rows; each output is the same whatever thread computes it). Metal runs
+/// the MXFP4 SiTU experts with K3's part order (`ExpertFfn::metal_situ`); any other expert runs
+/// on the host whatever the device.
 pub fn run_experts(
     device: &Device,
     kernel: Kernel,
+    ffn: &ExpertFfn,
     spans: &[ExpertBytes],
     pairs: &[(usize, usize)],
     z: &[f32],
-    (inter, latent): (usize, usize),
-    (beta, linear_beta): (f32, f32),
 ) -> Result<Vec<f32>> {
     #[cfg(feature = "metal")]
-    if let Device::Metal(d) = device {
-        return metal::run_experts(d, spans, pairs, z, inter, latent, beta, linear_beta);
+    if let (Device::Metal(d), Some((beta, lb))) = (device, ffn.metal_situ()) {
+        return metal::run_experts(d, spans, pairs, z, ffn.inter, ffn.width, beta, lb);
     }
     #[cfg(not(feature = "metal"))]
     let _ = device;
-    // Each expert's rows gathered in pair order: `[rows_k, latent]`.
+    use rayon::prelude::*;
+    let width = ffn.width;
+    // Each expert's rows gathered in pair order: `[rows_k, width]`.
     let mut inputs: Vec<(usize, Vec<f32>, usize)> = Vec::new();
     for &(k, t) in pairs {
         if inputs.last().is_none_or(|(kk, _, _)| *kk != k) {
             inputs.push((k, Vec::new(), 0));
         }
         if let Some((_, rows, n)) = inputs.last_mut() {
-            rows.extend_from_slice(&z[t * latent..(t + 1) * latent]);
+            rows.extend_from_slice(&z[t * width..(t + 1) * width]);
             *n += 1;
         }
     }
@@ -79,10 +83,13 @@ pub fn run_experts(
             let span = spans.get(*k).ok_or_else(|| {
                 crate::Error::Msg(format!("expert pair names span {k} of {}", spans.len()))
             })?;
-            Ok((Mxfp4Expert::from_span(span, inter, latent)?, &rows[..], *n))
+            Ok((&span[..], &rows[..], *n))
         })
         .collect::<Result<Vec<_>>>()?;
-    let outs = Mxfp4Expert::forward_all(kernel, &jobs, beta, linear_beta)?;
+    let outs: Vec<Vec<f32>> = jobs
+        .par_iter()
+        .map(|(span, zs, n)| ffn.forward(kernel, span, zs, *n, false))
+        .collect::<Result<_>>()?;
     Ok(outs.concat())
 }
 

@@ -218,22 +218,44 @@ pub struct RootConfig {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Which attention a layer runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which attention a layer runs (`kda`/`mla` in reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum AttnKind {
     /// Kimi Delta Attention (linear, recurrent).
+    #[default]
     Kda,
     /// Gated multi-head latent attention (NoPE).
     Mla,
 }
 
-/// Which feed-forward block a layer runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which feed-forward block a layer runs (`dense`/`moe` in reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FfnKind {
     /// Dense SiTU MLP.
+    #[default]
     Dense,
     /// Latent MoE with shared experts.
     Moe,
+}
+
+impl std::fmt::Display for AttnKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            AttnKind::Kda => "kda",
+            AttnKind::Mla => "mla",
+        })
+    }
+}
+
+impl std::fmt::Display for FfnKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            FfnKind::Dense => "dense",
+            FfnKind::Moe => "moe",
+        })
+    }
 }
 
 /// The derived kind of one layer.

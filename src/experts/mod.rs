@@ -50,14 +50,13 @@ pub trait ExpertProvider: Send + Sync {
         ready(&all)
     }
 
-    /// A hint that these experts of `layer` will probably be needed soon.
-    fn prefetch(&self, _layer: usize, _experts: &[usize]) {}
-
     /// The experts the last position of the current pass chose in `layer`: the hint for what
     /// the next token will need (never a whole prefill chunk's union).
     fn note_routes(&self, _layer: usize, _experts: &[usize]) {}
 
-    /// Called once before each forward pass (one token, or one prefill chunk).
+    /// Called once before each forward pass: a decode token, a verify pass, or a prefill pass
+    /// (all its positions, layer by layer), whose hints (`note_routes`) are the last
+    /// position's.
     fn begin_token(&self) {}
 
     /// Counters of where experts came from, when the provider keeps them.

@@ -76,17 +76,6 @@ impl Prefetcher {
         self.changed.notify_all();
     }
 
-    /// Queues extra hints behind the current ones.
-    pub(crate) fn hint(&self, keys: impl IntoIterator<Item = ExpertKey>) {
-        let Ok(mut p) = self.state.lock() else { return };
-        for k in keys {
-            if !p.running.contains(&k) && !p.ready.contains_key(&k) && !p.queue.contains(&k) {
-                p.queue.push_back(k);
-            }
-        }
-        self.changed.notify_all();
-    }
-
     /// Takes expert `k` for a demand read of its layer: a ready read, else waits for a running
     /// one, else un-queues the hint. Hints and reads for earlier layers are dropped.
     pub(crate) fn take(&self, k: ExpertKey, len: impl Fn(ExpertKey) -> u64) -> Result<Found> {

@@ -331,24 +331,6 @@ impl ExpertProvider for TieredExperts {
         self.inner.fetch_each(layer, experts, ready)
     }
 
-    fn prefetch(&self, layer: usize, experts: &[usize]) {
-        if self.prefetch_threads == 0 {
-            return;
-        }
-        self.start_prefetch();
-        let ram = match self.inner.ram.lock() {
-            Ok(r) => r,
-            Err(_) => return,
-        };
-        let keys: Vec<ExpertKey> = experts
-            .iter()
-            .map(|&e| (layer, e))
-            .filter(|k| !ram.contains(k))
-            .collect();
-        drop(ram);
-        self.inner.prefetcher.hint(keys);
-    }
-
     fn note_routes(&self, layer: usize, experts: &[usize]) {
         if let Ok(mut last) = self.inner.last.lock() {
             last.insert(layer, experts.to_vec());

@@ -26,13 +26,17 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
-/// Free bytes on the filesystem of `path` (`DELTAFIN_DISK_FREE` overrides, for tests; 0 when
-/// unknown).
+static FREE_OVERRIDE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Makes `free_bytes` report `bytes` for every filesystem, for the rest of the process (the
+/// binary sets it from `DELTAFIN_DISK_FREE`, for tests). The first call wins.
+pub fn override_free_bytes(bytes: u64) {
+    let _ = FREE_OVERRIDE.set(bytes);
+}
+
+/// Free bytes on the filesystem of `path` (`override_free_bytes` overrides; 0 when unknown).
 pub fn free_bytes(path: &Path) -> u64 {
-    if let Some(v) = std::env::var("DELTAFIN_DISK_FREE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(&v) = FREE_OVERRIDE.get() {
         return v;
     }
     fs_free(path).unwrap_or(0)

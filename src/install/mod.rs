@@ -37,7 +37,7 @@ pub fn setup_marker(root: &Path) -> PathBuf {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {
     /// `full` (shards local) or `stream` (experts fetched on demand into `experts/`).
-    pub mode: String,
+    pub mode: Mode,
     /// Hub repository.
     pub repo: String,
     /// The commit the install was made from (resolved at setup; every later fetch asks for it).
@@ -72,7 +72,7 @@ pub fn experts_dir(root: &Path) -> PathBuf {
 }
 
 /// Install mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Download every shard.
@@ -157,7 +157,7 @@ pub fn expert_store(
     }
     let opts = &opts;
     match manifest {
-        Some(m) if m.mode == "stream" => {
+        Some(m) if m.mode == Mode::Stream => {
             let cache = match cache {
                 Some(c) => c,
                 None => {
@@ -248,7 +248,7 @@ pub fn fetch_experts(root: &Path, todo: &[(usize, Vec<usize>, u64)]) -> Result<(
             root.display()
         ))
     })?;
-    if m.mode != "stream" {
+    if m.mode != Mode::Stream {
         return Err(Error::Msg(
             "this install is full: every expert is already local".into(),
         ));

@@ -279,11 +279,7 @@ fn install(
         }
     }
     let m = Manifest {
-        mode: if mode == Mode::Full {
-            "full".into()
-        } else {
-            "stream".into()
-        },
+        mode,
         repo: opts.repo.clone(),
         revision: Some(hub.revision().to_string()),
         requested: opts.revision.clone(),

@@ -81,15 +81,15 @@ impl Layer {
         })
     }
 
-    /// `(attention, feed-forward)` kind names, for reports.
-    pub fn kinds(&self) -> (&'static str, &'static str) {
+    /// `(attention, feed-forward)` kinds, for reports.
+    pub fn kinds(&self) -> (AttnKind, FfnKind) {
         let a = match self.attn {
-            Attn::Kda(_) => "kda",
-            Attn::Mla(_) => "mla",
+            Attn::Kda(_) => AttnKind::Kda,
+            Attn::Mla(_) => AttnKind::Mla,
         };
         let f = match self.ffn {
-            Ffn::Dense(_) => "dense",
-            Ffn::Moe(_) => "moe",
+            Ffn::Dense(_) => FfnKind::Dense,
+            Ffn::Moe(_) => FfnKind::Moe,
         };
         (a, f)
     }

@@ -8,6 +8,7 @@ mod layer;
 pub mod mla;
 pub mod mla_cache;
 pub mod moe;
+pub mod names;
 pub mod observe;
 pub mod ops;
 pub mod options;

@@ -1,6 +1,5 @@
-//! The latent MoE block (spec §3.6) with its exact router, and the dense SiTU MLP (§3.7).
-
-use std::collections::BTreeMap;
+//! K3's latent MoE block (the router, the latent down/up projections and norm, the shared
+//! experts) on the model-agnostic executor (`crate::moe`), and the dense SiTU MLP.
 
 use candle::Tensor;
 
@@ -9,7 +8,8 @@ use super::options::ModelOptions;
 use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::experts::ExpertProvider;
-use crate::mxfp4::Kernel;
+pub use crate::moe::Route;
+use crate::moe::{ExecOptions, Gating, RoutedExperts};
 use crate::spine::layer::LayerData;
 use crate::spine::slot::Slot;
 use crate::Result;
@@ -47,32 +47,10 @@ impl Mlp {
     }
 }
 
-/// The routing decision for one position.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Route {
-    /// Selected experts, highest `sigmoid + bias` first (ties: lower id first).
-    pub experts: Vec<usize>,
-    /// Their weights: raw sigmoid scores renormalised to sum 1.
-    pub weights: Vec<f32>,
-}
-
-/// The exact router: sigmoid scores, `+ e_score_correction_bias` for selection only, top-k,
-/// weights from the raw scores renormalised with `+1e-20`.
+/// K3's exact router: sigmoid scores, `+ e_score_correction_bias` for selection only, top-k,
+/// weights from the raw scores renormalised with `+1e-20` (`Gating::SigmoidBias`).
 pub fn route(logits: &[f32], bias: &[f32], k: usize, renormalize: bool) -> Route {
-    let s: Vec<f32> = logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
-    let choice: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
-    let mut idx: Vec<usize> = (0..s.len()).collect();
-    idx.sort_by(|&a, &b| choice[b].total_cmp(&choice[a]).then(a.cmp(&b)));
-    idx.truncate(k);
-    let mut w: Vec<f32> = idx.iter().map(|&i| s[i]).collect();
-    if renormalize {
-        let sum = w.iter().fold(0f32, |a, b| a + b) + 1e-20;
-        w.iter_mut().for_each(|x| *x /= sum);
-    }
-    Route {
-        experts: idx,
-        weights: w,
-    }
+    Gating::SigmoidBias { renormalize }.route(logits, bias, k)
 }
 
 /// One latent MoE block.
@@ -82,12 +60,8 @@ pub struct Moe {
     bias: Vec<f32>,
     norm: Option<Tensor>,
     shared: Mlp,
-    top_k: usize,
-    renormalize: bool,
-    inter: usize,
-    latent: usize,
-    beta: f32,
-    linear_beta: f32,
+    gating: Gating,
+    routed: RoutedExperts,
     eps: f64,
     /// The router, and the routed experts' shared down and up projections.
     gate: Slot,
@@ -113,12 +87,13 @@ impl Moe {
             gate: w.slot("block_sparse_moe.gate.weight", e, h)?,
             down: w.slot("block_sparse_moe.routed_expert_down_proj.weight", r, h)?,
             up: w.slot("block_sparse_moe.routed_expert_up_proj.weight", h, r)?,
-            top_k: c.num_experts_per_token,
-            renormalize: c.moe_renormalize,
-            inter: c.moe_intermediate_size,
-            latent: r,
-            beta: c.activation_situ_beta as f32,
-            linear_beta: c.activation_situ_linear_beta as f32,
+            gating: Gating::SigmoidBias {
+                renormalize: c.moe_renormalize,
+            },
+            routed: RoutedExperts {
+                ffn: super::names::k3_expert_ffn(w.cfg),
+                top_k: c.num_experts_per_token,
+            },
             eps: c.rms_norm_eps,
         })
     }
@@ -129,45 +104,8 @@ impl Moe {
         let logits = dense(x, &gate)?.to_vec2::<f32>()?;
         Ok(logits
             .iter()
-            .map(|l| route(l, &self.bias, self.top_k, self.renormalize))
+            .map(|l| self.gating.route(l, &self.bias, self.routed.top_k))
             .collect())
-    }
-
-    /// Runs one group of fetched experts over their rows, into `ys` `[T, k, latent]` at each
-    /// row's slot.
-    #[allow(clippy::too_many_arguments)]
-    fn run_group(
-        &self,
-        ids: &[usize],
-        bytes: &[crate::experts::ExpertBytes],
-        rows: &BTreeMap<usize, Vec<(usize, usize)>>,
-        z: &[f32],
-        device: &candle::Device,
-        kernel: Kernel,
-        ys: &mut [f32],
-    ) -> Result<()> {
-        let (r, k) = (self.latent, self.top_k);
-        let pairs: Vec<(usize, usize)> = ids
-            .iter()
-            .enumerate()
-            .flat_map(|(g, e)| rows[e].iter().map(move |&(ti, _)| (g, ti)))
-            .collect();
-        let slots = ids
-            .iter()
-            .flat_map(|e| rows[e].iter().map(|&(ti, s)| ti * k + s));
-        let y = crate::compute::run_experts(
-            device,
-            kernel,
-            bytes,
-            &pairs,
-            z,
-            (self.inter, r),
-            (self.beta, self.linear_beta),
-        )?;
-        for (yp, at) in y.chunks_exact(r.max(1)).zip(slots) {
-            ys[at * r..(at + 1) * r].copy_from_slice(yp);
-        }
-        Ok(())
     }
 
     /// The part of one chunk's MoE that needs no routed expert: its routes, its latent input
@@ -201,22 +139,18 @@ impl Moe {
             routes.extend(c.routes);
             z.extend(c.z);
         }
-        if let Some(last) = routes.last() {
-            experts.note_routes(self.layer, &last.experts);
-        }
-        let rows = rows_by_expert(&routes);
-        let ys = self.run_selected(&rows, routes.len(), &z, &device, experts, options)?;
-        drop(z);
-        let y = combine(&routes, &ys, self.top_k, self.latent); // [T * latent]
-        drop(ys);
+        let exec = ExecOptions {
+            kernel: options.kernel,
+            expert_batch: options.expert_batch,
+        };
+        let y = self
+            .routed
+            .run(self.layer, &routes, z, &device, experts, &exec)?; // [T * latent]
+        let latent = self.routed.ffn.width;
         let up = ld.matrix_at(&self.up)?; // [H, latent]
         let (mut out, mut at) = (Vec::with_capacity(parts.len()), 0);
         for (n, shared) in parts {
-            let yc = Tensor::from_slice(
-                &y[at * self.latent..(at + n) * self.latent],
-                (n, self.latent),
-                &device,
-            )?;
+            let yc = Tensor::from_slice(&y[at * latent..(at + n) * latent], (n, latent), &device)?;
             at += n;
             let yc = match &self.norm {
                 Some(w) => rms_norm(&yc, w, self.eps)?,
@@ -241,32 +175,6 @@ impl Moe {
             .ok_or_else(|| crate::Error::Msg("the MoE block got no rows".into()))?;
         Ok((y, routes))
     }
-
-    /// Every selected expert on its rows of `z`: `[T, k, latent]`, each at its row's slot. A
-    /// pass can select every expert of a layer, so at most `options.expert_batch` are held at
-    /// once (the memory plan charges that many); the store reads each once, in id order (its
-    /// offset order within a shard).
-    fn run_selected(
-        &self,
-        rows: &BTreeMap<usize, Vec<(usize, usize)>>,
-        t: usize,
-        z: &[f32],
-        device: &candle::Device,
-        experts: &dyn ExpertProvider,
-        options: &ModelOptions,
-    ) -> Result<Vec<f32>> {
-        let all: Vec<usize> = rows.keys().copied().collect();
-        let mut ys = vec![0f32; t * self.top_k * self.latent];
-        for ids in all.chunks(options.expert_batch.max(1)) {
-            // Each batch runs as soon as its bytes are in, while later reads are in flight.
-            experts.fetch_each(self.layer, ids, &mut |got| {
-                let (gi, gb): (Vec<usize>, Vec<_>) =
-                    got.iter().map(|(i, b)| (ids[*i], b.clone())).unzip();
-                self.run_group(&gi, &gb, rows, z, device, options.kernel, &mut ys)
-            })?;
-        }
-        Ok(ys)
-    }
 }
 
 /// One chunk's MoE inputs before the routed experts run (`Moe::prepare`).
@@ -277,54 +185,4 @@ pub struct MoeChunk {
     pub z: Vec<f32>,
     /// The shared experts' output `[rows, H]`.
     pub shared: Tensor,
-}
-
-/// `(row, slot)` pairs each selected expert runs on, in expert-id order (`slot`: the expert's
-/// place in the row's top-k).
-fn rows_by_expert(routes: &[Route]) -> BTreeMap<usize, Vec<(usize, usize)>> {
-    let mut rows: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
-    for (ti, rt) in routes.iter().enumerate() {
-        for (s, &e) in rt.experts.iter().enumerate() {
-            rows.entry(e).or_default().push((ti, s));
-        }
-    }
-    rows
-}
-
-/// The weighted sum of each row's experts `ys` `[T, k, latent]`, accumulated in the row's own
-/// top-k order, so the result depends neither on arrival order nor on the other rows:
-/// `[T * latent]`.
-fn combine(routes: &[Route], ys: &[f32], k: usize, latent: usize) -> Vec<f32> {
-    let mut acc = vec![0f32; routes.len() * latent];
-    for (ti, (rt, a)) in routes.iter().zip(acc.chunks_mut(latent.max(1))).enumerate() {
-        for (s, w) in rt.weights.iter().enumerate().take(k) {
-            let y = &ys[(ti * k + s) * latent..(ti * k + s + 1) * latent];
-            for (ai, yi) in a.iter_mut().zip(y) {
-                *ai += w * yi;
-            }
-        }
-    }
-    acc
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn router_uses_bias_for_selection_only() {
-        let logits = [0.0f32, 1.0, -1.0, 2.0];
-        let bias = [0.0f32, 0.0, 10.0, 0.0];
-        let r = route(&logits, &bias, 2, true);
-        assert_eq!(r.experts, vec![2, 3]);
-        let s = |l: f32| 1.0 / (1.0 + (-l).exp());
-        let sum = s(-1.0) + s(2.0) + 1e-20;
-        assert_eq!(r.weights, vec![s(-1.0) / sum, s(2.0) / sum]);
-    }
-
-    #[test]
-    fn router_ties_pick_lower_index() {
-        let r = route(&[0.5, 0.5, 0.5], &[0.0; 3], 2, false);
-        assert_eq!(r.experts, vec![0, 1]);
-    }
 }

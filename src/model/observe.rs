@@ -24,9 +24,9 @@ pub enum Event<'a> {
     /// The layer's spine bytes are in hand (`attn`: `kda`/`mla`, `ffn`: `dense`/`moe`).
     LayerReady {
         /// Attention kind.
-        attn: &'static str,
+        attn: crate::config::AttnKind,
         /// Feed-forward kind.
-        ffn: &'static str,
+        ffn: crate::config::FfnKind,
     },
     /// AttnRes mixing and the input norm are done; attention starts.
     AttentionIn,

@@ -15,9 +15,9 @@ pub struct LayerTiming {
     /// Layer index.
     pub layer: usize,
     /// `kda` or `mla`.
-    pub attn: &'static str,
+    pub attn: crate::config::AttnKind,
     /// `dense` or `moe`.
-    pub ffn: &'static str,
+    pub ffn: crate::config::FfnKind,
     /// Positions in the pass.
     pub tokens: usize,
     /// Waiting for the layer's spine data (0 for a pinned layer; the read-ahead's shortfall

@@ -33,12 +33,13 @@ impl RouterTrace {
         })
     }
 
-    /// `K3_TRACE=buffered` turns tracing on, writing `dir/router_trace.jsonl`.
-    pub fn from_env(dir: &Path) -> Result<Option<Self>> {
-        match std::env::var("K3_TRACE").as_deref() {
-            Ok("buffered") => Ok(Some(Self::create(&dir.join("router_trace.jsonl"))?)),
-            Ok("") | Ok("off") | Err(_) => Ok(None),
-            Ok(other) => Err(Error::Msg(format!(
+    /// The `K3_TRACE` setting (the binary reads the variable): `buffered` turns tracing on,
+    /// writing `dir/router_trace.jsonl`; unset, empty or `off` leaves it off.
+    pub fn from_setting(setting: Option<&str>, dir: &Path) -> Result<Option<Self>> {
+        match setting {
+            Some("buffered") => Ok(Some(Self::create(&dir.join("router_trace.jsonl"))?)),
+            Some("") | Some("off") | None => Ok(None),
+            Some(other) => Err(Error::Msg(format!(
                 "K3_TRACE={other} is not understood (use `buffered`, or unset it)"
             ))),
         }

@@ -114,7 +114,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         Err(e) => return error(e),
     };
     let effort = if req.thinking {
-        match Effort::resolve(req.effort.as_deref()) {
+        match Effort::resolve(req.effort.as_deref(), st.cfg.default_effort.as_deref()) {
             Ok(e) => Some(e),
             Err(e) => return error(ApiError::bad("reasoning_effort", e.to_string())),
         }

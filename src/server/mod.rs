@@ -43,6 +43,8 @@ pub struct ServerConfig {
     pub keepalive_secs: u64,
     /// Speculative decoding for every request (the output is the same either way).
     pub speculation: crate::generate::Speculation,
+    /// Reasoning effort when a request names none (`serve` passes `K3_REASONING_EFFORT`).
+    pub default_effort: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +57,7 @@ impl Default for ServerConfig {
             body_limit: 16 << 20,
             keepalive_secs: 5,
             speculation: Default::default(),
+            default_effort: None,
         }
     }
 }

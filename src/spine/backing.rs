@@ -12,8 +12,7 @@ use super::convert::{
 use super::layer::{parse_header, read_file_direct, read_file_sized, Entry, LayerData};
 use super::source::{Spine, SpineChoice};
 use super::ShardSpine;
-use crate::checkpoint::DtypeExt;
-use crate::checkpoint::{Dtype, Inventory};
+use crate::checkpoint::Inventory;
 use crate::fsio::BufPool;
 use crate::{Error, Result};
 
@@ -104,8 +103,7 @@ pub(super) fn small_from_file(path: &Path) -> Result<LayerData> {
         let mut b = vec![0u8; e.len];
         f.read_exact_at(&mut b, e.offset as u64)
             .map_err(|e2| Error::io(path, e2))?;
-        let dtype =
-            Dtype::parse(&e.dtype).ok_or_else(|| Error::Msg(format!("bad dtype {}", e.dtype)))?;
+        let dtype = e.dtype;
         tensors.push((e.name.clone(), dtype, e.shape.clone(), b));
     }
     Ok(LayerData::pack(tensors))

@@ -229,12 +229,20 @@ impl<'a> DenseMatrix<'a> {
     }
 }
 
+static PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Keeps the dense kernels off AVX-512 for the rest of the process (the binary sets it from
+/// `DELTAFIN_PORTABLE_DENSE`, to compare kernels); call it before the first matrix runs.
+pub fn use_portable_kernels() {
+    PORTABLE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 #[cfg(target_arch = "x86_64")]
 fn use_avx512() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         std::is_x86_feature_detected!("avx512f")
-            && std::env::var_os("DELTAFIN_PORTABLE_DENSE").is_none()
+            && !PORTABLE.load(std::sync::atomic::Ordering::Relaxed)
     })
 }
 

@@ -49,7 +49,7 @@ pub(super) fn layout(pieces: &[Piece]) -> (Vec<Entry>, usize) {
             end = offset + p.info.len() as usize;
             Entry {
                 name: p.name.clone(),
-                dtype: p.info.dtype.to_string(),
+                dtype: p.info.dtype,
                 shape: p.info.shape.clone(),
                 offset,
                 len: p.info.len() as usize,

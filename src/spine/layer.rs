@@ -32,8 +32,8 @@ const TENSOR_ALIGN: usize = 64;
 pub struct Entry {
     /// Name (layer-relative for layer files, e.g. `self_attn.q_proj.weight`).
     pub name: String,
-    /// Element type (`BF16`, `F32`, `I8`, `F16`).
-    pub dtype: String,
+    /// Element type (`BF16`, `F32`, `I8`, `F16`; safetensors' spelling in the file).
+    pub dtype: Dtype,
     /// Shape.
     pub shape: Vec<usize>,
     /// Byte offset in the buffer.
@@ -55,13 +55,6 @@ pub struct LayerData {
     source: Option<String>,
     /// The same bytes on the compute device (a template layer or a pinned copy), if any.
     pub(super) device: Option<super::DeviceCopy>,
-}
-
-pub(super) fn dtype_of(e: &Entry) -> Result<Dtype> {
-    Dtype::parse(&e.dtype).ok_or_else(|| Error::Tensor {
-        name: e.name.clone(),
-        msg: format!("unknown dtype {}", e.dtype),
-    })
 }
 
 impl LayerData {
@@ -101,7 +94,7 @@ impl LayerData {
     /// A tensor's bytes (copied), dtype and shape.
     pub fn raw_tensor(&self, name: &str) -> Result<(Vec<u8>, Dtype, Vec<usize>)> {
         let e = self.entry(name)?;
-        Ok((self.data(e)?.to_vec(), dtype_of(e)?, e.shape.clone()))
+        Ok((self.data(e)?.to_vec(), e.dtype, e.shape.clone()))
     }
 
     /// Names of the tensors held.
@@ -162,7 +155,7 @@ impl LayerData {
                 msg: format!("expected shape {shape:?}, found {:?}", e.shape),
             });
         }
-        match dtype_of(e)? {
+        match e.dtype {
             Dtype::I8 => Ok(self.matrix(name, shape[0], shape[1])?.to_f32()),
             d => to_f32(self.data(e)?, d, name),
         }
@@ -216,7 +209,7 @@ fn place<'a>(
         off = off.div_ceil(TENSOR_ALIGN) * TENSOR_ALIGN;
         entries.push(Entry {
             name: name.clone(),
-            dtype: dtype.to_string(),
+            dtype,
             shape: shape.clone(),
             offset: off,
             len,
@@ -313,9 +306,7 @@ pub fn parse_header_full(
             )));
         }
         // The length must be what the dtype and shape say (no overflow, no short tensors).
-        let size = Dtype::parse(&e.dtype)
-            .ok_or_else(|| bad(format!("tensor `{}` has unknown dtype {}", e.name, e.dtype)))?
-            .bytes() as usize;
+        let size = e.dtype.bytes() as usize;
         let want = e
             .shape
             .iter()

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::dense::{DenseData, DenseMatrix};
-use super::layer::{dtype_of, parse_header, Entry, LayerData};
+use super::layer::{parse_header, Entry, LayerData};
 use crate::checkpoint::Dtype;
 use crate::{Error, Result};
 
@@ -36,7 +36,7 @@ pub fn bind(layout: &[Entry], name: &str, rows: usize, cols: usize) -> Result<Sl
             e.shape
         )));
     }
-    let scale = match dtype_of(e)? {
+    let scale = match e.dtype {
         Dtype::BF16 | Dtype::F32 => None,
         Dtype::I8 => {
             let si = find(&format!("{name}.row_scale"))
@@ -101,7 +101,7 @@ impl LayerData {
             })?;
         let b = self.data(e)?;
         let mut scale_offset = 0;
-        let data = match dtype_of(e)? {
+        let data = match e.dtype {
             Dtype::BF16 => DenseData::Bf16(b),
             Dtype::F32 => DenseData::F32(b),
             Dtype::I8 => {

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use super::Stats;
 use deltafin::checkpoint::rng::Rng;
-use deltafin::checkpoint::{Dtype, DtypeExt};
+use deltafin::checkpoint::DtypeExt;
 use deltafin::experts::drop_from_page_cache_all;
 use deltafin::spine::layer::parse_header;
 use deltafin::{Error, Result};
@@ -71,8 +71,7 @@ fn store_embedding(path: &Path) -> Result<(usize, usize, usize)> {
         .into_iter()
         .next()
         .ok_or_else(|| Error::Msg(format!("{}: no embedding tensor", path.display())))?;
-    let dtype = Dtype::parse(&e.dtype).ok_or_else(|| Error::Msg("embedding dtype".into()))?;
-    Ok((e.offset, e.shape[0], e.shape[1] * dtype.bytes() as usize))
+    Ok((e.offset, e.shape[0], e.shape[1] * e.dtype.bytes() as usize))
 }
 
 /// Times `ROWS` random rows (of `rows` rows of `rb` bytes at `offset`) read per row and copied

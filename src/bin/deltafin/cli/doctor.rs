@@ -193,12 +193,13 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         Err(e) => r.fail("memory plan", e),
     }
     match deltafin::install::read_manifest(root) {
-        Some(m) if m.mode == "stream" => match deltafin::install::missing_experts(root, None) {
-            Ok(miss) => {
-                let (n, b) = miss
-                    .iter()
-                    .fold((0, 0u64), |(n, b), t| (n + t.1.len(), b + t.2));
-                r.ok(
+        Some(m) if m.mode == deltafin::install::Mode::Stream => {
+            match deltafin::install::missing_experts(root, None) {
+                Ok(miss) => {
+                    let (n, b) = miss
+                        .iter()
+                        .fold((0, 0u64), |(n, b), t| (n + t.1.len(), b + t.2));
+                    r.ok(
                     "install",
                     format!(
                         "streaming install of {} at commit {}: {n} experts ({:.1} GB) not local yet; `deltafin fetch-experts` fetches them",
@@ -207,9 +208,10 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
                         b as f64 / GB
                     ),
                 )
+                }
+                Err(e) => r.fail("install", e),
             }
-            Err(e) => r.fail("install", e),
-        },
+        }
         Some(m) => r.ok(
             "install",
             format!(

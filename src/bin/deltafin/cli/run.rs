@@ -124,7 +124,11 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     // The pass observers: the router trace and the layer profile.
     let router_trace = match &a.router_trace {
         Some(p) => Some(Arc::new(RouterTrace::create(p)?)),
-        None => RouterTrace::from_env(&std::env::current_dir()?)?.map(Arc::new),
+        None => RouterTrace::from_setting(
+            std::env::var("K3_TRACE").ok().as_deref(),
+            &std::env::current_dir()?,
+        )?
+        .map(Arc::new),
     };
     if let Some(rt) = &router_trace {
         model.observe(rt.clone());
@@ -157,7 +161,10 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let prompt_ids: Vec<u32> = match (&a.prompt, &tok) {
         (Some(p), Some(t)) if a.chat => {
             let effort = if thinking {
-                Some(Effort::resolve(a.effort.as_deref())?)
+                Some(Effort::resolve(
+                    a.effort.as_deref(),
+                    std::env::var("K3_REASONING_EFFORT").ok().as_deref(),
+                )?)
             } else {
                 None
             };
@@ -382,6 +389,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         queue: a.queue,
         body_limit: a.body_limit_mb.max(1) << 20,
         speculation: a.spec.speculation(),
+        default_effort: std::env::var("K3_REASONING_EFFORT").ok(),
         ..Default::default()
     };
     let state = deltafin::server::AppState::new(engine, cfg);
@@ -397,7 +405,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
             a.model_id,
             listener.local_addr()?
         );
-        if deltafin::install::read_manifest(&root).is_some_and(|m| m.mode == "stream") {
+        if deltafin::install::read_manifest(&root).is_some_and(|m| m.mode == deltafin::install::Mode::Stream) {
             eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
         }
         tokio::select! {

@@ -136,7 +136,7 @@ pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyho
         ram as f64 / 1e9,
         if store.cache_dir.is_some() { ", disk cache" } else { "" },
         match deltafin::install::read_manifest(root) {
-            Some(m) if m.mode == "stream" => ", disk cache + hub (streaming install)",
+            Some(m) if m.mode == deltafin::install::Mode::Stream => ", disk cache + hub (streaming install)",
             _ => ", local shards",
         },
         store.readers,
@@ -155,7 +155,9 @@ pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyho
         r.bytes_read_per_token as f64 / 1e9,
         model.context_limit()
     );
-    if let Some(m) = deltafin::install::read_manifest(root).filter(|m| m.mode == "stream") {
+    if let Some(m) =
+        deltafin::install::read_manifest(root).filter(|m| m.mode == deltafin::install::Mode::Stream)
+    {
         let missing = deltafin::install::missing_experts(root, None)?;
         let (n, bytes): (usize, u64) = missing
             .iter()
