@@ -126,16 +126,24 @@ fn metal_fused_experts_match_cpu() {
             }
         })
         .collect();
-    let got = run_experts(
-        &Device::Metal(dev),
-        Kernel::Scalar,
-        &held,
-        &pairs,
-        &z,
-        (inter, latent),
-        (1.5, 3.0),
-    )
-    .unwrap();
+    use deltafin::moe::{Activation, ExpertFfn, GluLayout, Matrix, Part, PartKind, WeightFormat};
+    let part = |matrix, kind| Part { matrix, kind };
+    let ffn = ExpertFfn {
+        format: WeightFormat::Mxfp4,
+        width: latent,
+        inter,
+        glu: GluLayout::Separate,
+        activation: Activation::Situ {
+            beta: 1.5,
+            linear_beta: 3.0,
+        },
+        parts: [Matrix::Gate, Matrix::Down, Matrix::Up]
+            .into_iter()
+            .flat_map(|m| [part(m, PartKind::Packed), part(m, PartKind::Scales)])
+            .collect(),
+    };
+    assert!(ffn.metal_situ().is_some(), "K3's expert shape runs on Metal");
+    let got = run_experts(&Device::Metal(dev), Kernel::Scalar, &ffn, &held, &pairs, &z).unwrap();
     for (p, &(e, t)) in pairs.iter().enumerate() {
         let ex = Mxfp4Expert::from_span(&spans[e], inter, latent).unwrap();
         let want = ex
