@@ -55,8 +55,9 @@ pub mod fsio;
 pub mod generate;
 pub mod hub;
 pub mod install;
+pub mod kernels;
 pub mod memory;
-pub mod model;
+pub mod models;
 pub mod moe;
 pub mod mxfp4;
 pub mod progress;
@@ -72,7 +73,9 @@ pub use engine::{ChatTurn, Engine, EngineOptions, Session, SessionSnapshot};
 pub use error::{Error, Result};
 pub use experts::ExpertProvider;
 pub use generate::{GenerateOptions, Generation, Generator, StopReason};
-pub use model::{K3Model, SeqState};
+/// K3, the first model (`models::k3`), under its earlier path.
+pub use models::k3 as model;
+pub use models::k3::{K3Model, SeqState};
 pub use spine::source::Spine;
 
 /// Process set-up for the binaries, the chat example and anything that runs a model: the

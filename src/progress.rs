@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::model::{Event, Observer, PrefillStep};
+use crate::models::k3::{Event, Observer, PrefillStep};
 
 /// A byte-count progress bar with a message.
 pub fn bytes_bar(total: u64, msg: &str) -> ProgressBar {

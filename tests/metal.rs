@@ -142,7 +142,10 @@ fn metal_fused_experts_match_cpu() {
             .flat_map(|m| [part(m, PartKind::Packed), part(m, PartKind::Scales)])
             .collect(),
     };
-    assert!(ffn.metal_situ().is_some(), "K3's expert shape runs on Metal");
+    assert!(
+        ffn.metal_situ().is_some(),
+        "K3's expert shape runs on Metal"
+    );
     let got = run_experts(&Device::Metal(dev), Kernel::Scalar, &ffn, &held, &pairs, &z).unwrap();
     for (p, &(e, t)) in pairs.iter().enumerate() {
         let ex = Mxfp4Expert::from_span(&spans[e], inter, latent).unwrap();

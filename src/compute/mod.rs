@@ -15,9 +15,10 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use crate::experts::ExpertBytes;
+use crate::kernels::dense::DenseMatrix;
+use crate::kernels::HostDense;
 use crate::moe::ExpertFfn;
 use crate::mxfp4::{with_last_dim, Kernel};
-use crate::spine::dense::DenseMatrix;
 use crate::spine::DeviceSide;
 use crate::Result;
 
@@ -27,21 +28,28 @@ pub fn dense(x: &Tensor, w: &DenseMatrix) -> Result<Tensor> {
     if let (Some(r), true) = (w.device, x.device().is_metal()) {
         return metal::dense(x, w, &r);
     }
-    // The host kernel.
-    let dims = x.dims().to_vec();
-    let inp = *dims.last().unwrap_or(&0);
+    // The host kernel, reading the input in place.
+    let inp = x.dims().last().copied().unwrap_or(0);
     if inp != w.cols {
         return Err(crate::Error::Msg(format!(
             "input width {inp} != matrix columns {}",
             w.cols
         )));
     }
+    if x.device().is_cpu() {
+        return Ok(x.contiguous()?.apply_op1_no_bwd(&HostDense(w))?);
+    }
+    // A device tensor whose matrix has no device copy: through the host and back.
+    let dims = x.dims().to_vec();
     let t: usize = dims[..dims.len().saturating_sub(1)].iter().product();
     let xs = x.flatten_all()?.to_vec1::<f32>()?;
     let mut ys = vec![0f32; t * w.rows];
-    crate::spine::dense::gemm(w, &xs, t, &mut ys)?;
-    let out = with_last_dim(&dims, w.rows);
-    Ok(Tensor::from_vec(ys, out, x.device())?)
+    crate::kernels::dense::gemm(w, &xs, t, &mut ys)?;
+    Ok(Tensor::from_vec(
+        ys,
+        with_last_dim(&dims, w.rows),
+        x.device(),
+    )?)
 }
 
 /// One MoE layer's selected experts: pair `(k, t)` runs expert span `spans[k]` on row `t` of

@@ -14,7 +14,7 @@ use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::config::{AttnKind, K3Config};
 use crate::experts::{DiskCache, TieredOptions};
 use crate::memory::{rss, Memory, MemoryPlan, PlanInputs};
-use crate::model::{K3Model, ModelOptions};
+use crate::models::k3::{K3Model, ModelOptions};
 use crate::spine::convert::{is_small, layer_names};
 use crate::spine::source::{Spine, SpineChoice, SpineOptions};
 use crate::Result;
@@ -102,8 +102,8 @@ pub fn activation_bytes(cfg: &K3Config, chunk: usize) -> u64 {
     // Logits twice (the tensor and the host rows the chooser reads).
     let verify = 4
         * (rows * per_row + 2 * rows * t.vocab_size + la.num_heads * la.head_dim * la.head_dim)
-        + rows * crate::model::verify::bytes_per_row(cfg)
-        + crate::model::verify::fixed_bytes(cfg);
+        + rows * crate::models::k3::verify::bytes_per_row(cfg)
+        + crate::models::k3::verify::fixed_bytes(cfg);
     prefill.max(verify as u64)
 }
 

@@ -13,7 +13,7 @@ use crate::chat::{
     Message, Phase,
 };
 use crate::generate::{GenerateOptions, Generation, Generator};
-use crate::model::SeqState;
+use crate::models::k3::SeqState;
 use crate::tokenizer::StreamDecoder;
 use crate::Result;
 

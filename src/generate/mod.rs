@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::model::{K3Model, SeqState};
+use crate::models::k3::{K3Model, SeqState};
 use crate::Result;
 
 /// What ends generation early.
@@ -48,6 +48,7 @@ pub struct Generation {
     pub spec: SpecStats,
 }
 
+mod decode;
 pub mod draft;
 pub mod sample;
 pub mod spec;
@@ -134,15 +135,7 @@ impl<'m> Generator<'m> {
         drafter: &mut dyn Drafter,
         mut on_token: impl FnMut(u32),
     ) -> Result<Generation> {
-        let mut out = Generation {
-            prompt_ids: prompt.to_vec(),
-            generated_ids: Vec::new(),
-            first_step_top: Vec::new(),
-            stop: StopReason::Length,
-            prefill_ms: 0.0,
-            decode_ms: 0.0,
-            spec: SpecStats::default(),
-        };
+        let mut out = Generation::empty(prompt);
         if opts.max_new == 0 {
             return Ok(out);
         }
@@ -162,90 +155,97 @@ impl<'m> Generator<'m> {
         let t1 = Instant::now();
         // Expanded MLA (the reference form) is not row-independent: no verify passes there.
         let spec = match self.model.options.mla {
-            crate::model::MlaMode::Compact => opts.speculation,
-            crate::model::MlaMode::Expanded => spec::Speculation::OFF,
+            crate::models::k3::MlaMode::Compact => opts.speculation,
+            crate::models::k3::MlaMode::Expanded => spec::Speculation::OFF,
         };
         let mut ctl = DepthController::new(spec);
-        let vocab = self.model.config().text().vocab_size;
-        let mut context = prompt.to_vec();
-        let limit = self.model.context_limit();
-        // The rows of the last pass, the drafts fed after its first row, and its rollback.
-        let (mut rows, mut drafts, mut rollback) = (vec![logits], Vec::<u32>::new(), None);
-        let mut secs = 0.0;
-        let mut first = true;
+        let mut emit = decode::Emitter {
+            opts,
+            cancel,
+            choose,
+            on_token: &mut on_token,
+            out: &mut out,
+            context: prompt.to_vec(),
+        };
+        let mut pass = decode::Pass::first(logits);
         loop {
-            let (mut emitted, mut accepted, mut stopped) = (0usize, 0usize, false);
-            for (i, row) in rows.iter().enumerate() {
-                let next = choose(row);
-                emitted += 1;
-                out.generated_ids.push(next);
-                context.push(next);
-                on_token(next);
-                if opts.stop_ids.contains(&next) {
-                    out.stop = StopReason::Stop;
-                    stopped = true;
-                } else if out.generated_ids.len() >= opts.max_new {
-                    stopped = true;
-                } else if cancel.load(Ordering::Relaxed) {
-                    out.stop = StopReason::Cancelled;
-                    stopped = true;
-                }
-                if stopped || i >= drafts.len() || next != drafts[i] {
-                    break;
-                }
-                accepted += 1;
-            }
-            if let Some(rb) = rollback.take() {
-                let rb: crate::model::Rollback = rb;
-                out.spec.rollback_bytes = out.spec.rollback_bytes.max(rb.bytes());
+            let e = emit.rows(&pass);
+            if let Some(rb) = pass.rollback.take() {
+                emit.out.spec.rollback_bytes = emit.out.spec.rollback_bytes.max(rb.bytes());
                 // The state holds every emitted token but the last.
-                self.model.keep(rb, state, emitted)?;
+                self.model.keep(rb, state, e.emitted)?;
             }
-            if !first {
-                let compared =
-                    (accepted + usize::from(accepted < emitted && !stopped)).min(drafts.len());
-                ctl.record(rows.len(), secs, compared, accepted);
-                let s = &mut out.spec;
-                s.passes += 1;
-                s.verify_passes += usize::from(!drafts.is_empty());
-                s.drafted += drafts.len();
-                s.accepted += accepted;
-                s.emitted += emitted;
-                drafter.accepted(drafts.len(), accepted);
+            if !pass.is_first() {
+                e.record(&pass, &mut ctl, &mut emit.out.spec, drafter);
             }
-            first = false;
-            if stopped || state.pos >= limit {
+            if e.stopped || state.pos >= self.model.context_limit() {
                 break;
             }
-            let last = context[context.len() - 1];
-            let room = (limit - state.pos).min(opts.max_new - out.generated_ids.len());
-            let k = ctl.depth().min(room - 1);
-            drafts = if k > 0 {
-                let mut d = drafter.propose(&context, k);
-                // A draft outside the vocabulary (another tokenizer) ends the proposal.
-                let ok = d.iter().take_while(|&&t| (t as usize) < vocab).count();
-                d.truncate(k.min(ok));
-                d
-            } else {
-                Vec::new()
-            };
-            if drafts.is_empty() {
-                let (l, t) = spec::timed(|| self.model.forward(&[last], state));
-                rows = vec![l?.to_vec1::<f32>()?];
-                secs = t;
-            } else {
-                let ids: Vec<u32> = std::iter::once(last)
-                    .chain(drafts.iter().copied())
-                    .collect();
-                let (r, t) = spec::timed(|| self.model.verify(&ids, state, None));
-                let (l, rb) = r?;
-                rows = l.to_vec2::<f32>()?;
-                rollback = Some(rb);
-                secs = t;
-            }
+            pass = self.next_pass(state, &emit, &mut ctl, drafter)?;
         }
         out.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
         Ok(out)
+    }
+
+    /// Drafts after the emitted tokens (within the context and token limits) and runs the next
+    /// pass: one decode step without drafts, else a verify pass over the last token and them.
+    fn next_pass(
+        &self,
+        state: &mut SeqState,
+        emit: &decode::Emitter<'_, '_>,
+        ctl: &mut DepthController,
+        drafter: &mut dyn Drafter,
+    ) -> Result<decode::Pass> {
+        let vocab = self.model.config().text().vocab_size;
+        let limit = self.model.context_limit();
+        let context = &emit.context;
+        let last = context[context.len() - 1];
+        let room = (limit - state.pos).min(emit.opts.max_new - emit.out.generated_ids.len());
+        let k = ctl.depth().min(room - 1);
+        let drafts = if k > 0 {
+            let mut d = drafter.propose(context, k);
+            // A draft outside the vocabulary (another tokenizer) ends the proposal.
+            let ok = d.iter().take_while(|&&t| (t as usize) < vocab).count();
+            d.truncate(k.min(ok));
+            d
+        } else {
+            Vec::new()
+        };
+        if drafts.is_empty() {
+            let (l, secs) = spec::timed(|| self.model.forward(&[last], state));
+            return Ok(decode::Pass::new(
+                vec![l?.to_vec1::<f32>()?],
+                drafts,
+                None,
+                secs,
+            ));
+        }
+        let ids: Vec<u32> = std::iter::once(last)
+            .chain(drafts.iter().copied())
+            .collect();
+        let (r, secs) = spec::timed(|| self.model.verify(&ids, state, None));
+        let (l, rb) = r?;
+        Ok(decode::Pass::new(
+            l.to_vec2::<f32>()?,
+            drafts,
+            Some(rb),
+            secs,
+        ))
+    }
+}
+
+impl Generation {
+    /// Nothing generated yet for `prompt`.
+    fn empty(prompt: &[u32]) -> Self {
+        Generation {
+            prompt_ids: prompt.to_vec(),
+            generated_ids: Vec::new(),
+            first_step_top: Vec::new(),
+            stop: StopReason::Length,
+            prefill_ms: 0.0,
+            decode_ms: 0.0,
+            spec: SpecStats::default(),
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! bytes (the fused MXFP4 and dense kernels; no fp32 copy of a weight). Knows no model.
 
 use crate::checkpoint::{Dtype, ExpertLayout};
+use crate::kernels::dense::{DenseData, DenseMatrix};
 use crate::mxfp4::{self, Kernel, Mxfp4Matrix, GROUP};
-use crate::spine::dense::{DenseData, DenseMatrix};
 use crate::{Error, Result};
 
 /// How the expert's matrices are stored.
@@ -314,7 +314,7 @@ fn apply(
     let mut ys = vec![0f32; t * rows];
     match w {
         Weights::Mxfp4(m) => mxfp4::gemm_with(kernel, m, xs, t, &mut ys, parallel)?,
-        Weights::Dense(m) => crate::spine::dense::gemm(m, xs, t, &mut ys)?,
+        Weights::Dense(m) => crate::kernels::dense::gemm(m, xs, t, &mut ys)?,
     }
     if let Some(b) = bias {
         for row in ys.chunks_exact_mut(rows.max(1)) {

@@ -3,9 +3,8 @@
 
 mod backing;
 pub mod convert;
-pub mod dense;
-#[cfg(target_arch = "x86_64")]
-mod dense_x86;
+/// The dense kernels, under their earlier path (they live in `crate::kernels::dense`).
+pub use crate::kernels::dense;
 pub mod device;
 mod gather;
 pub mod layer;

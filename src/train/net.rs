@@ -1,5 +1,5 @@
 //! The differentiable K3 network the trainer optimises: spec §3's forward over a batch of
-//! sequences, written with Candle's autograd ops (the inference modules in `model/` run on
+//! sequences, written with Candle's autograd ops (the inference modules in `models/k3/` run on
 //! spine bytes and streamed MXFP4 experts and have no gradients). Parameters are f32 `Var`s named
 //! exactly as K3's tensors, except each MoE layer's routed experts, held stacked as
 //! `…experts.w1|w2|w3` `[E, rows, cols]` (export splits and quantises them). KDA runs the
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use candle::{DType, Device, Tensor, Var, D};
 
 use crate::config::{AttnKind, FfnKind, K3Config};
-use crate::model::ops::{
+use crate::models::k3::ops::{
     rms_norm, rms_normalize, sigmoid, situ, KDA_QK_L2_EPS, MLA_LATENT_NORM_EPS,
 };
 use crate::{Error, Result};

@@ -64,7 +64,7 @@ impl Observer for ExpertReuse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Route;
+    use crate::models::k3::Route;
 
     #[test]
     fn reuse_counts_shared_experts_of_consecutive_positions() {

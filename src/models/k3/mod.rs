@@ -1,7 +1,8 @@
-//! Kimi K3 as Candle modules (spec §3).
+//! Kimi K3 as Candle modules (spec §3, `docs/k3-spec.md`): the model (`model.rs`), its layers, and
+//! its expert names and expert network (`names.rs`), from which the runtime learns K3's experts.
 
 pub mod attn_res;
-pub mod k3;
+pub mod model;
 pub mod kda;
 pub mod kda_kernels;
 mod layer;
@@ -19,7 +20,7 @@ pub mod trace;
 pub mod verify;
 pub mod weights;
 
-pub use k3::K3Model;
+pub use model::K3Model;
 pub use kda::KdaMode;
 pub use mla::MlaMode;
 pub use moe::{route, Route};

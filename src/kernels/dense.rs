@@ -36,7 +36,7 @@ pub struct DenseMatrix<'a> {
     /// Input columns.
     pub cols: usize,
     /// Where the same bytes lie on the compute device (a template layer), if anywhere.
-    pub device: Option<super::DeviceRef<'a>>,
+    pub device: Option<crate::spine::DeviceRef<'a>>,
 }
 
 /// Lanes of the dense reduction.

@@ -9,7 +9,7 @@ use super::mla_cache::{attend, LatentCache};
 use super::ops::{rms_norm, sigmoid, MLA_LATENT_NORM_EPS};
 use super::weights::LayerWeights;
 use crate::compute::dense;
-use crate::spine::dense::DenseMatrix;
+use crate::kernels::dense::DenseMatrix;
 use crate::spine::layer::LayerData;
 use crate::spine::slot::Slot;
 use crate::Result;
