@@ -146,24 +146,7 @@ impl MemoryPlan {
                     .saturating_add((ctx as u64).saturating_mul(i.state_per_position)),
             )
         };
-        let context = match i.context {
-            Some(c) if c > i.max_context => {
-                return Err(Error::Msg(format!(
-                    "--context {c} is over the model's max_position_embeddings ({})",
-                    i.max_context
-                )))
-            }
-            Some(c) => c.max(1),
-            None => {
-                let share = budget / STATE_SHARE;
-                let mut c = MIN_AUTO_CONTEXT.min(i.max_context).max(1);
-                // Bounded: 2^30 positions is far past any model's window.
-                while c <= i.max_context / 2 && c < 1 << 30 && state_at(c * 2) <= share {
-                    c *= 2;
-                }
-                c
-            }
-        };
+        let context = choose_context(i, budget, &state_at)?;
         lines.push((
             format!(
                 "sequence state at {context} tokens{}",
@@ -186,18 +169,10 @@ impl MemoryPlan {
         // of the budget that still leaves the model runnable with nothing pinned.
         let base = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
         let need = base.saturating_add(depth * max_layer * copies);
-        let pass_bytes = |p: usize| (p as u64).saturating_mul(i.pass_row_bytes);
-        let chunk = i.prefill_chunk.max(1);
-        let mut prefill_pass = chunk;
-        while prefill_pass * 2 <= MAX_PASS.min(context.max(chunk))
-            && pass_bytes(prefill_pass * 2) <= budget / PASS_SHARE
-            && need.saturating_add(pass_bytes(prefill_pass * 2)) <= budget
-        {
-            prefill_pass *= 2;
-        }
+        let prefill_pass = choose_pass(i, context, budget, need);
         lines.push((
             format!("prefill pass ({prefill_pass} positions, layer-major)"),
-            pass_bytes(prefill_pass),
+            (prefill_pass as u64).saturating_mul(i.pass_row_bytes),
         ));
         let fixed: u64 = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
         let floor = fixed.saturating_add(depth * max_layer * copies);
@@ -207,20 +182,7 @@ impl MemoryPlan {
                 "streamed layers in flight".into(),
                 depth * max_layer * copies,
             ));
-            big.sort_by_key(|l| std::cmp::Reverse(l.1));
-            let top: Vec<String> = big
-                .iter()
-                .take(3)
-                .map(|(w, b)| format!("{w} {:.2} GB", gb(*b)))
-                .collect();
-            return Err(Error::Msg(format!(
-                "the model needs at least {:.2} GB with nothing pinned, but the memory budget is {:.2} GB ({:.2} GB {source} − {:.2} GB reserve); largest: {}. Lower --context, or raise --memory-gb if this machine has more",
-                gb(floor),
-                gb(budget),
-                gb(limit),
-                gb(reserve),
-                top.join(", ")
-            )));
+            return Err(too_small(big, floor, (budget, limit, reserve), source));
         }
         let spare = budget - floor;
         let expert_ram = match i.expert_ram {
@@ -243,33 +205,8 @@ impl MemoryPlan {
         };
         lines.push(("expert RAM tier".into(), expert_ram));
         lines.push(("prefetch holdings (cap)".into(), prefetch_cap));
-        // Pin whole layers in order while the pinned bytes plus the in-flight template
-        // buffers (sized for the largest layer still streamed) fit.
         let left = budget - fixed - expert_ram - prefetch_cap;
-        let cap = i.resident_cap.unwrap_or(u64::MAX);
-        let n = i.layer_bytes.len();
-        let mut pinned = vec![false; n];
-        let mut used = 0u64;
-        for l in 0..n {
-            let b = i.layer_bytes[l];
-            let rest_max = (0..n)
-                .filter(|&k| k != l && !pinned[k])
-                .map(|k| i.layer_bytes[k])
-                .max()
-                .unwrap_or(0);
-            // On Metal a streamed layer also has a device template: in flight costs `copies` too,
-            // and `--spine-resident-gb` counts both copies of a pinned layer.
-            let total = (used + b) * copies;
-            if total <= cap && total + depth * rest_max * copies <= left {
-                pinned[l] = true;
-                used += b;
-            }
-        }
-        let streamed_max = (0..n)
-            .filter(|&k| !pinned[k])
-            .map(|k| i.layer_bytes[k])
-            .max()
-            .unwrap_or(0);
+        let (pinned, used, streamed_max) = pin_layers(i, left, depth, copies);
         let count = pinned.iter().filter(|p| **p).count();
         lines.push((format!("pinned spine layers ({count})"), used * copies));
         lines.push((
@@ -321,6 +258,97 @@ impl std::fmt::Display for MemoryPlan {
             self.context
         )
     }
+}
+
+/// The context: the caller's (at most the model's window), else the longest power of two whose
+/// sequence state fits `budget / STATE_SHARE`.
+fn choose_context(i: &PlanInputs, budget: u64, state_at: &dyn Fn(usize) -> u64) -> Result<usize> {
+    match i.context {
+        Some(c) if c > i.max_context => Err(Error::Msg(format!(
+            "--context {c} is over the model's max_position_embeddings ({})",
+            i.max_context
+        ))),
+        Some(c) => Ok(c.max(1)),
+        None => {
+            let share = budget / STATE_SHARE;
+            let mut c = MIN_AUTO_CONTEXT.min(i.max_context).max(1);
+            // Bounded: 2^30 positions is far past any model's window.
+            while c <= i.max_context / 2 && c < 1 << 30 && state_at(c * 2) <= share {
+                c *= 2;
+            }
+            Ok(c)
+        }
+    }
+}
+
+/// The prefill pass: the longest power of two of whole chunks (at most the context and
+/// `MAX_PASS`) within `budget / PASS_SHARE` that still leaves the model runnable with nothing
+/// pinned (`need`: every other fixed cost plus the streamed layers in flight).
+fn choose_pass(i: &PlanInputs, context: usize, budget: u64, need: u64) -> usize {
+    let pass_bytes = |p: usize| (p as u64).saturating_mul(i.pass_row_bytes);
+    let chunk = i.prefill_chunk.max(1);
+    let mut pass = chunk;
+    while pass * 2 <= MAX_PASS.min(context.max(chunk))
+        && pass_bytes(pass * 2) <= budget / PASS_SHARE
+        && need.saturating_add(pass_bytes(pass * 2)) <= budget
+    {
+        pass *= 2;
+    }
+    pass
+}
+
+/// The error for a budget below the model's floor, naming the three largest costs.
+fn too_small(
+    mut big: Vec<(String, u64)>,
+    floor: u64,
+    (budget, limit, reserve): (u64, u64, u64),
+    source: &str,
+) -> Error {
+    big.sort_by_key(|l| std::cmp::Reverse(l.1));
+    let top: Vec<String> = big
+        .iter()
+        .take(3)
+        .map(|(w, b)| format!("{w} {:.2} GB", gb(*b)))
+        .collect();
+    Error::Msg(format!(
+        "the model needs at least {:.2} GB with nothing pinned, but the memory budget is {:.2} GB ({:.2} GB {source} − {:.2} GB reserve); largest: {}. Lower --context, or raise --memory-gb if this machine has more",
+        gb(floor),
+        gb(budget),
+        gb(limit),
+        gb(reserve),
+        top.join(", ")
+    ))
+}
+
+/// Pins whole layers in order while the pinned bytes plus the in-flight template buffers (sized
+/// for the largest layer still streamed) fit `left`: which are pinned, their bytes, and the
+/// largest streamed layer.
+fn pin_layers(i: &PlanInputs, left: u64, depth: u64, copies: u64) -> (Vec<bool>, u64, u64) {
+    let cap = i.resident_cap.unwrap_or(u64::MAX);
+    let n = i.layer_bytes.len();
+    let mut pinned = vec![false; n];
+    let mut used = 0u64;
+    for l in 0..n {
+        let b = i.layer_bytes[l];
+        let rest_max = (0..n)
+            .filter(|&k| k != l && !pinned[k])
+            .map(|k| i.layer_bytes[k])
+            .max()
+            .unwrap_or(0);
+        // On Metal a streamed layer also has a device template: in flight costs `copies` too,
+        // and `--spine-resident-gb` counts both copies of a pinned layer.
+        let total = (used + b) * copies;
+        if total <= cap && total + depth * rest_max * copies <= left {
+            pinned[l] = true;
+            used += b;
+        }
+    }
+    let streamed_max = (0..n)
+        .filter(|&k| !pinned[k])
+        .map(|k| i.layer_bytes[k])
+        .max()
+        .unwrap_or(0);
+    (pinned, used, streamed_max)
 }
 
 #[cfg(test)]

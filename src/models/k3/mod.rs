@@ -2,12 +2,12 @@
 //! its expert names and expert network (`names.rs`), from which the runtime learns K3's experts.
 
 pub mod attn_res;
-pub mod model;
 pub mod kda;
 pub mod kda_kernels;
 mod layer;
 pub mod mla;
 pub mod mla_cache;
+pub mod model;
 pub mod moe;
 pub mod names;
 pub mod observe;
@@ -20,9 +20,9 @@ pub mod trace;
 pub mod verify;
 pub mod weights;
 
-pub use model::K3Model;
 pub use kda::KdaMode;
 pub use mla::MlaMode;
+pub use model::K3Model;
 pub use moe::{route, Route};
 pub use observe::{Event, Observer, PrefillStep, RouteCollector, RouteTrace};
 pub use options::ModelOptions;
