@@ -66,7 +66,8 @@ pub mod server;
 mod shaders;
 pub mod spine;
 pub mod tokenizer;
-pub mod train;
+/// K3-tiny's trainer, under its earlier path (it lives in `models::k3::train`).
+pub use models::k3::train;
 
 pub use config::K3Config;
 pub use engine::{ChatTurn, Engine, EngineOptions, Session, SessionSnapshot};

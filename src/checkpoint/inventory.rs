@@ -7,9 +7,6 @@ use std::path::{Path, PathBuf};
 use super::header::{read_header, Dtype, ShardHeader};
 use crate::{Error, Result};
 
-/// Tensor-name prefixes that belong to the vision tower and are skipped.
-pub const SKIPPED_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
-
 /// Where one tensor lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -57,8 +54,10 @@ pub struct Inventory {
     pub dir: PathBuf,
     /// Shards in index order.
     pub shards: Vec<ShardInfo>,
-    /// Name prefix of the language model (`language_model.` for K3, empty for text-only).
+    /// Name prefix of the language model (one of `names.wrappers`, or empty).
     pub prefix: String,
+    /// The model's dense names (K3's unless set with `with_names`).
+    pub names: super::DenseNames,
     /// Tensors skipped because they belong to the vision tower.
     pub skipped: usize,
     tensors: HashMap<String, TensorInfo>,
@@ -243,6 +242,7 @@ impl Inventory {
         let mut tensors: HashMap<String, TensorInfo> = HashMap::new();
         let mut shards = Vec::with_capacity(headers.len());
         let mut skipped = 0;
+        let names = super::DenseNames::default();
         for (si, (file, size, h)) in headers.into_iter().enumerate() {
             shards.push(ShardInfo {
                 file: file.clone(),
@@ -251,7 +251,7 @@ impl Inventory {
                 header_sha256: h.header_sha256.clone(),
             });
             for t in h.tensors {
-                if SKIPPED_PREFIXES.iter().any(|p| t.name.starts_with(p)) {
+                if names.skipped.iter().any(|p| t.name.starts_with(p.as_str())) {
                     skipped += 1;
                     continue;
                 }
@@ -273,19 +273,33 @@ impl Inventory {
                 }
             }
         }
-        let prefix = if tensors.contains_key("language_model.model.embed_tokens.weight") {
-            "language_model.".to_string()
-        } else {
-            String::new()
-        };
         Ok(Inventory {
             dir: dir.to_path_buf(),
             shards,
-            prefix,
+            prefix: String::new(),
+            names: Default::default(),
             skipped,
             tensors,
             dense: Default::default(),
-        })
+        }
+        .with_names(names))
+    }
+
+    /// The inventory under another model's dense names: the language-model prefix is
+    /// detected again (the wrapper under which `names.embedding` exists, else none).
+    pub fn with_names(mut self, names: super::DenseNames) -> Self {
+        self.prefix = names
+            .wrappers
+            .iter()
+            .find(|w| {
+                self.tensors
+                    .contains_key(&format!("{w}{}", names.embedding))
+            })
+            .cloned()
+            .unwrap_or_default();
+        self.names = names;
+        self.dense = Default::default();
+        self
     }
 
     fn check_index(&self, dir: &Path) -> Result<()> {
@@ -336,7 +350,8 @@ impl Inventory {
         self.tensors.iter()
     }
 
-    /// Full name of a model-level tensor, e.g. `model.norm.weight` → `language_model.model.norm.weight`.
+    /// Full name of a model-level tensor: `suffix` under the language model's prefix (a
+    /// wrapper `p.` makes `model.norm.weight` `p.model.norm.weight`).
     pub fn name(&self, suffix: &str) -> String {
         format!("{}{suffix}", self.prefix)
     }

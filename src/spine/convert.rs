@@ -31,26 +31,10 @@ impl SpineFormat {
     }
 }
 
-/// Names that are never converted to int8 (spec §5 item 2).
-const KEEP: [&str; 9] = [
-    "conv1d",
-    "norm",
-    "A_log",
-    "dt_bias",
-    "res_proj",
-    "e_score_correction_bias",
-    ".experts.",
-    "vision",
-    "mm_projector",
-];
-
-/// Whether a tensor is converted to row-int8: every 2-D BF16 tensor except the kept kinds and
-/// the embedding.
+/// Whether a tensor is converted to row-int8 under the default (K3's) names; the conversion
+/// itself asks the inventory's names (`DenseNames::is_int8_target`).
 pub fn is_int8_target(name: &str, dtype: Dtype, shape: &[usize]) -> bool {
-    dtype == Dtype::BF16
-        && shape.len() == 2
-        && !KEEP.iter().any(|k| name.contains(k))
-        && !name.contains("embed_tokens")
+    crate::checkpoint::DenseNames::default().is_int8_target(name, dtype, shape)
 }
 
 /// Whether a tensor is "small" (kept resident, read once at startup) rather than a streamed
@@ -112,7 +96,7 @@ impl TensorBytes for StoreTensors<'_> {
             .and_then(|(l, rest)| l.parse::<usize>().ok().map(|l| (l, rest)))
         {
             Some((l, rest)) => (format!("layer-{l:03}.bin"), rest.to_string()),
-            None if rel == "model.embed_tokens.weight" => ("embed.bin".into(), rel.to_string()),
+            None if rel == self.inv.names.embedding => ("embed.bin".into(), rel.to_string()),
             None => ("global.bin".into(), rel.to_string()),
         };
         let path = self.dir.join(&file);
@@ -143,18 +127,19 @@ impl TensorBytes for StoreTensors<'_> {
     }
 }
 
-/// The tensors of one group, converted to `format`; `strip` is removed from each name.
+/// The tensors of one group, converted to `format` (row-int8 where `model` says so); `strip` is
+/// removed from each name.
 pub fn convert_group(
     spine: &dyn TensorBytes,
     names: &[String],
     strip: &str,
-    format: SpineFormat,
+    (format, model): (SpineFormat, &crate::checkpoint::DenseNames),
 ) -> Result<Packed> {
     let mut out = Vec::new();
     for full in names {
         let (bytes, dtype, shape) = spine.tensor_bytes(full)?;
         let name = full.strip_prefix(strip).unwrap_or(full).to_string();
-        if format == SpineFormat::Int8 && is_int8_target(full, dtype, &shape) {
+        if format == SpineFormat::Int8 && model.is_int8_target(full, dtype, &shape) {
             let w = to_f32(&bytes, dtype, full)?;
             let (rows, cols) = (shape[0], shape[1]);
             let mut q = Vec::with_capacity(rows * cols);
@@ -178,14 +163,9 @@ pub fn layer_names(inv: &Inventory, l: usize) -> Vec<String> {
     inv.dense_layer_names(l)
 }
 
-/// The tail tensors (final norm, output AttnRes, lm_head).
+/// The tail tensors, full names (K3: final norm, output AttnRes, lm_head).
 pub fn global_names(inv: &Inventory) -> Vec<String> {
-    vec![
-        inv.name("model.norm.weight"),
-        inv.name("model.output_attn_res_norm.weight"),
-        inv.name("model.output_attn_res_proj.weight"),
-        inv.name("lm_head.weight"),
-    ]
+    inv.names.tail.iter().map(|n| inv.name(n)).collect()
 }
 
 /// The store directory of a format under `root`.
@@ -306,7 +286,8 @@ pub fn convert_spine_from(
         let path = dir.join(format!("layer-{l:03}.bin"));
         if !is_current(&path, &fp) {
             let names = layer_names(inv, l);
-            let tensors = convert_group(spine, &names, &inv.layer_name(l, ""), format)?;
+            let tensors =
+                convert_group(spine, &names, &inv.layer_name(l, ""), (format, &inv.names))?;
             write_file(&path, &tensors, &fp)?;
         }
         done += 1;
@@ -314,7 +295,7 @@ pub fn convert_spine_from(
     }
     let global = dir.join("global.bin");
     if !is_current(&global, &fp) {
-        let tensors = convert_group(spine, &global_names(inv), &inv.prefix, format)?;
+        let tensors = convert_group(spine, &global_names(inv), &inv.prefix, (format, &inv.names))?;
         write_file(&global, &tensors, &fp)?;
     }
     done += 1;
@@ -323,9 +304,9 @@ pub fn convert_spine_from(
     if !is_current(&embed, &fp) {
         let tensors = convert_group(
             spine,
-            &[inv.name("model.embed_tokens.weight")],
+            &[inv.name(&inv.names.embedding)],
             &inv.prefix,
-            SpineFormat::Bf16,
+            (SpineFormat::Bf16, &inv.names),
         )?;
         write_file(&embed, &tensors, &fp)?;
     }

@@ -133,7 +133,7 @@ impl Spine {
                     0,
                     false,
                 )?;
-                let name = inv.name("model.embed_tokens.weight");
+                let name = inv.name(&inv.names.embedding);
                 let t = inv.get(&name).ok_or_else(|| Error::Tensor {
                     name: name.clone(),
                     msg: "missing".into(),

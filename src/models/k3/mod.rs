@@ -2,6 +2,7 @@
 //! its expert names and expert network (`names.rs`), from which the runtime learns K3's experts.
 
 pub mod attn_res;
+pub mod fixture;
 pub mod kda;
 pub mod kda_kernels;
 mod layer;
@@ -17,6 +18,7 @@ pub mod profile;
 pub mod reuse;
 pub mod state;
 pub mod trace;
+pub mod train;
 pub mod verify;
 pub mod weights;
 

@@ -1,7 +1,7 @@
 //! K3's routed-expert tensor names and layout: the one place the expert store learns how K3
 //! names its experts (`ExpertIndex::derive_k3`). The store itself takes names as values.
 
-use crate::checkpoint::{ExpertIndex, ExpertLayout, Inventory};
+use crate::checkpoint::{DenseNames, ExpertIndex, ExpertLayout, Inventory};
 use crate::config::K3Config;
 use crate::moe::{Activation, ExpertFfn, GluLayout, Matrix, Part, PartKind, WeightFormat};
 use crate::Result;
@@ -65,6 +65,42 @@ impl ExpertIndex {
             ExpertLayout::k3(cfg),
             |l, e, p| k3_expert_name(inv, l, e, K3_EXPERT_PARTS[p]),
         )
+    }
+}
+
+/// K3's dense names: the `language_model.` wrapper (K3 is multimodal), the vision tower
+/// skipped, the embedding, the tail (final norm, output AttnRes, lm_head), and what row-int8
+/// keeps in BF16 (spec §5 item 2).
+pub fn k3_dense_names() -> DenseNames {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    DenseNames {
+        wrappers: s(&["language_model."]),
+        skipped: s(&["vision_tower.", "mm_projector."]),
+        embedding: "model.embed_tokens.weight".into(),
+        tail: s(&[
+            "model.norm.weight",
+            "model.output_attn_res_norm.weight",
+            "model.output_attn_res_proj.weight",
+            "lm_head.weight",
+        ]),
+        keep_bf16: s(&[
+            "conv1d",
+            "norm",
+            "A_log",
+            "dt_bias",
+            "res_proj",
+            "e_score_correction_bias",
+            ".experts.",
+            "vision",
+            "mm_projector",
+        ]),
+    }
+}
+
+/// The stores' default names are K3's (the first model; others set theirs on the inventory).
+impl Default for DenseNames {
+    fn default() -> Self {
+        k3_dense_names()
     }
 }
 
