@@ -22,7 +22,14 @@ pub trait Scorer {
 impl Scorer for K3Model {
     fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let mut state = self.new_state();
-        Ok(self.forward_all(ids, &mut state)?.to_vec2()?)
+        let all = crate::models::k3::Forward {
+            logits: crate::models::k3::Logits::All,
+            ..Default::default()
+        };
+        let out = self
+            .run(ids, &mut state, &all)?
+            .ok_or_else(|| crate::Error::Msg("evaluation was cancelled".into()))?;
+        Ok(out.logits.to_vec2()?)
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::models::k3::{K3Model, SeqState};
+use crate::models::k3::{Forward, K3Model, Output, SeqState};
 use crate::Result;
 
 /// What ends generation early.
@@ -144,7 +144,11 @@ impl<'m> Generator<'m> {
             return Ok(out);
         }
         let t0 = Instant::now();
-        let Some(logits) = self.model.forward_with(prompt, state, None, Some(cancel))? else {
+        let prefill = Forward {
+            cancel: Some(cancel),
+            ..Default::default()
+        };
+        let Some(Output { logits, .. }) = self.model.run(prompt, state, &prefill)? else {
             out.stop = StopReason::Cancelled;
             out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
             return Ok(out);
@@ -211,26 +215,21 @@ impl<'m> Generator<'m> {
         } else {
             Vec::new()
         };
-        if drafts.is_empty() {
-            let (l, secs) = spec::timed(|| self.model.forward(&[last], state));
-            return Ok(decode::Pass::new(
-                vec![l?.to_vec1::<f32>()?],
-                drafts,
-                None,
-                secs,
-            ));
-        }
         let ids: Vec<u32> = std::iter::once(last)
             .chain(drafts.iter().copied())
             .collect();
-        let (r, secs) = spec::timed(|| self.model.verify(&ids, state, None));
-        let (l, rb) = r?;
-        Ok(decode::Pass::new(
-            l.to_vec2::<f32>()?,
-            drafts,
-            Some(rb),
-            secs,
-        ))
+        // One step without drafts; a verify pass (with its undo record) with them.
+        let f = Forward {
+            undo: !drafts.is_empty(),
+            ..Default::default()
+        };
+        let (r, secs) = spec::timed(|| self.model.run(&ids, state, &f));
+        let out = r?.ok_or_else(|| crate::Error::Msg("a decode pass was cancelled".into()))?;
+        let rows = match out.rollback {
+            Some(_) => out.logits.to_vec2::<f32>()?,
+            None => vec![out.logits.to_vec1::<f32>()?],
+        };
+        Ok(decode::Pass::new(rows, drafts, out.rollback, secs))
     }
 }
 

@@ -24,7 +24,7 @@ pub mod weights;
 
 pub use kda::KdaMode;
 pub use mla::MlaMode;
-pub use model::K3Model;
+pub use model::{Forward, K3Model, Logits, Output};
 pub use moe::{route, Route};
 pub use observe::{Event, Observer, PrefillStep, RouteCollector, RouteTrace};
 pub use options::ModelOptions;

@@ -30,6 +30,38 @@ pub(super) struct Control<'a> {
     prefill: Option<PrefillStep>,
 }
 
+/// Which logits a forward call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Logits {
+    /// The last position's `[V]`.
+    #[default]
+    Last,
+    /// Every position's `[T, V]`.
+    All,
+}
+
+/// How one `K3Model::run` call runs besides its math.
+#[derive(Default, Clone, Copy)]
+pub struct Forward<'a> {
+    /// Watches this call only (with the model's own observers).
+    pub observer: Option<&'a dyn Observer>,
+    /// Checked between layers; when set, the call returns `None` and rewinds the state.
+    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
+    /// Which logits to return (`undo` always returns every position's).
+    pub logits: Logits,
+    /// Keep the record that rewinds the call to any prefix (a verify pass: one pass, no
+    /// cancel).
+    pub undo: bool,
+}
+
+/// What `K3Model::run` returns.
+pub struct Output {
+    /// `[V]` (`Logits::Last`) or `[T, V]`.
+    pub logits: Tensor,
+    /// With `Forward::undo`: the record `Rollback::keep` uses.
+    pub rollback: Option<super::Rollback>,
+}
+
 /// Kimi K3.
 pub struct K3Model {
     cfg: K3Config,
@@ -195,13 +227,111 @@ impl K3Model {
         layer.attention(x, st, &self.options, ld, None)
     }
 
-    /// Consumes `ids` (layer-major passes, `ModelOptions::prefill_pass`) and returns the
-    /// logits `[V]` of the last position.
+    /// The one forward entry: consumes `ids` into `state` as `f` says (which logits, an
+    /// observer for this call, a cancel flag checked between layers, an undo record) and returns
+    /// the logits, or `None` when `cancel` was set (with `state` returned to where it was).
+    /// Without `undo` the positions run in layer-major passes of `ModelOptions::prefill_pass`;
+    /// with it, in one pass (a verify pass: `Output::rollback` keeps any prefix of it without
+    /// reading weights again, bit-identical to that many single steps).
+    pub fn run(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        f: &Forward<'_>,
+    ) -> Result<Option<Output>> {
+        self.check_input(ids, state)?;
+        if f.undo {
+            return self.run_verify(ids, state, f).map(Some);
+        }
+        let mark = f.cancel.map(|_| state.mark());
+        let (mut last, mut rows) = (None, Vec::new());
+        let len = self.options.pass_len();
+        let passes = ids.len().div_ceil(len);
+        let read_before = self.bytes_read();
+        for (p, pass) in ids.chunks(len).enumerate() {
+            let ctl = Control {
+                cancel: f.cancel,
+                prefill: (ids.len() > 1).then_some(PrefillStep {
+                    layer: 0,
+                    layers: self.layers.len(),
+                    pass: p,
+                    passes,
+                    pass_first: p * len,
+                    pass_tokens: pass.len(),
+                    positions: ids.len(),
+                    read_before,
+                    read_now: read_before,
+                }),
+            };
+            let out = match f.observer {
+                Some(o) => self.run_layers(pass, state, &Both(&self.observers, o), None, ctl)?,
+                None => self.run_layers(pass, state, &self.observers, None, ctl)?,
+            };
+            let Some(hs) = out else {
+                if let Some(m) = mark {
+                    state.rewind(m);
+                }
+                return Ok(None);
+            };
+            match f.logits {
+                Logits::Last => last = hs.into_iter().last(),
+                Logits::All => {
+                    for h in hs {
+                        rows.push(self.tail(&h)?);
+                    }
+                }
+            }
+        }
+        let logits = match f.logits {
+            Logits::Last => {
+                let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
+                let n = h.dim(0)?;
+                self.tail(&h.narrow(0, n - 1, 1)?)?.squeeze(0)?
+            }
+            Logits::All => Tensor::cat(&rows, 0)?,
+        };
+        Ok(Some(Output {
+            logits,
+            rollback: None,
+        }))
+    }
+
+    /// `run` with an undo record: every position in one pass, logits of every row.
+    fn run_verify(&self, ids: &[u32], state: &mut SeqState, f: &Forward<'_>) -> Result<Output> {
+        let pos = state.pos;
+        let mut undo = Vec::with_capacity(self.layers.len());
+        let ctl = Control {
+            cancel: None,
+            prefill: None,
+        };
+        let mut h = match f.observer {
+            Some(o) => {
+                let both = Both(&self.observers, o);
+                self.run_layers(ids, state, &both, Some(&mut undo), ctl)?
+            }
+            None => self.run_layers(ids, state, &self.observers, Some(&mut undo), ctl)?,
+        }
+        .ok_or_else(|| crate::Error::Msg("verify was cancelled".into()))?;
+        let h = h
+            .pop()
+            .ok_or_else(|| crate::Error::Msg("verify got no rows".into()))?;
+        let rollback = super::verify::Rollback {
+            pos,
+            rows: ids.len(),
+            layers: undo,
+        };
+        Ok(Output {
+            logits: self.tail(&h)?,
+            rollback: Some(rollback),
+        })
+    }
+
+    /// `run` for the last position's logits `[V]` (a convenience).
     pub fn forward(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
         self.forward_traced(ids, state, None)
     }
 
-    /// `forward`, recording the routes of every MoE layer.
+    /// `forward`, recording the routes of every MoE layer (a convenience over `run`).
     pub fn forward_traced(
         &self,
         ids: &[u32],
@@ -239,8 +369,7 @@ impl K3Model {
         Ok(())
     }
 
-    /// `forward` with one more observer for this call, checking `cancel` between layers:
-    /// `Ok(None)` when it was set, with `state` returned to where it was before the call.
+    /// `run` for the last position's logits with an observer and a cancel flag (a convenience).
     pub fn forward_with(
         &self,
         ids: &[u32],
@@ -248,69 +377,28 @@ impl K3Model {
         observer: Option<&dyn Observer>,
         cancel: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<Option<Tensor>> {
-        self.check_input(ids, state)?;
-        let t = self.cfg.text();
-        let mark = cancel.map(|_| state.mark());
-        let mut last = None;
-        let len = self.options.pass_len();
-        let passes = ids.len().div_ceil(len);
-        let read_before = self.bytes_read();
-        for (p, pass) in ids.chunks(len).enumerate() {
-            let ctl = Control {
-                cancel,
-                prefill: (ids.len() > 1).then_some(PrefillStep {
-                    layer: 0,
-                    layers: self.layers.len(),
-                    pass: p,
-                    passes,
-                    pass_first: p * len,
-                    pass_tokens: pass.len(),
-                    positions: ids.len(),
-                    read_before,
-                    read_now: read_before,
-                }),
-            };
-            let out = match observer {
-                Some(o) => self.run_layers(pass, state, &Both(&self.observers, o), None, ctl)?,
-                None => self.run_layers(pass, state, &self.observers, None, ctl)?,
-            };
-            match out {
-                Some(rows) => last = rows.into_iter().last(),
-                None => {
-                    if let Some(m) = mark {
-                        state.rewind(m);
-                    }
-                    return Ok(None);
-                }
-            }
-        }
-        let h = last.ok_or_else(|| crate::Error::Msg("empty input".into()))?;
-        let n = h.dim(0)?;
-        let x = rms_norm(&h.narrow(0, n - 1, 1)?, &self.final_norm, t.rms_norm_eps)?;
-        let lm_head = self.spine.global().matrix_at(&self.lm_head)?;
-        Ok(Some(dense(&x, &lm_head)?.squeeze(0)?))
+        let f = Forward {
+            observer,
+            cancel,
+            ..Default::default()
+        };
+        Ok(self.run(ids, state, &f)?.map(|o| o.logits))
     }
 
-    /// Consumes `ids` and returns the logits `[T, V]` of every position (teacher-forced
-    /// evaluation).
+    /// `run` for the logits `[T, V]` of every position (teacher-forced evaluation; a
+    /// convenience).
     pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
-        self.check_input(ids, state)?;
-        let mut rows = Vec::new();
-        for pass in ids.chunks(self.options.pass_len()) {
-            let hs = self
-                .run_layers(pass, state, &self.observers, None, Control::default())?
-                .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))?;
-            for h in hs {
-                rows.push(self.tail(&h)?);
-            }
-        }
-        Ok(Tensor::cat(&rows, 0)?)
+        let f = Forward {
+            logits: Logits::All,
+            ..Default::default()
+        };
+        self.run(ids, state, &f)?
+            .map(|o| o.logits)
+            .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))
     }
 
-    /// A verify pass (speculative decoding): consumes `ids` (the last token and the drafts) in
-    /// one pass and returns the logits `[T, V]` of every position, bit-identical to `T` single
-    /// steps, with the record that keeps any prefix of them (`Rollback::keep`) without reading
-    /// weights again. `observer` watches this pass only.
+    /// `run` as a verify pass (speculative decoding): the logits `[T, V]` of every position
+    /// and the record that keeps any prefix of them (`Rollback::keep`); a convenience.
     pub fn verify(
         &self,
         ids: &[u32],
@@ -318,31 +406,16 @@ impl K3Model {
         observer: Option<&dyn Observer>,
     ) -> Result<(Tensor, super::Rollback)> {
         self.check_input(ids, state)?;
-        let pos = state.pos;
-        let mut undo = Vec::with_capacity(self.layers.len());
-        let mut h = match observer {
-            Some(o) => {
-                let both = Both(&self.observers, o);
-                self.run_layers(ids, state, &both, Some(&mut undo), Control::default())?
-            }
-            None => self.run_layers(
-                ids,
-                state,
-                &self.observers,
-                Some(&mut undo),
-                Control::default(),
-            )?,
-        }
-        .ok_or_else(|| crate::Error::Msg("verify was cancelled".into()))?;
-        let h = h
-            .pop()
-            .ok_or_else(|| crate::Error::Msg("verify got no rows".into()))?;
-        let rb = super::verify::Rollback {
-            pos,
-            rows: ids.len(),
-            layers: undo,
+        let f = Forward {
+            observer,
+            undo: true,
+            ..Default::default()
         };
-        Ok((self.tail(&h)?, rb))
+        let out = self.run_verify(ids, state, &f)?;
+        let rb = out
+            .rollback
+            .ok_or_else(|| crate::Error::Msg("verify kept no record".into()))?;
+        Ok((out.logits, rb))
     }
 
     /// Keeps the first `rows` positions of a verify pass (`Rollback::keep`) and tells the
