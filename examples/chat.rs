@@ -4,16 +4,20 @@
 //! [--temperature 0.8] [--greedy] [--seed N] [--speculate auto|ngram|off] [--spec-depth 8]`
 //! uses the model in MODEL_ROOT (or `DELTAFIN_MODEL_ROOT`). Without one it chats with the
 //! built-in K3-tiny (`assets/k3-tiny`, a small trained model in K3's exact format), so the example
-//! answers in English on a fresh machine without network.
+//! answers in English on a fresh machine without network. `/save NAME` writes the session
+//! (state, tokens, history) to `DELTAFIN_SESSIONS` (default `~/.local/share/deltafin/sessions`)
+//! and `/load NAME` resumes it, also after a restart.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use deltafin::chat::{ChatOptions, Delta, Effort, Message};
+use deltafin::engine::CacheRam;
 use deltafin::progress::{PrefillProgress, ProgressMode};
-use deltafin::{Engine, EngineOptions, GenerateOptions};
+use deltafin::runtime::prompt_cache::PromptCacheOptions;
+use deltafin::{Engine, EngineOptions, GenerateOptions, Session};
 
 fn model_root(arg: Option<String>) -> anyhow::Result<PathBuf> {
     if let Some(p) = arg.or_else(|| std::env::var("DELTAFIN_MODEL_ROOT").ok()) {
@@ -86,7 +90,16 @@ fn main() -> anyhow::Result<()> {
     let mut sampler = deltafin::generate::sample::Sampler::new(temperature, 0.95, seed);
     // Metal when built with `--features metal` on a Mac, else the CPU; under the memory plan
     // (printed first): what is pinned, the RAM tier, the context limit.
-    let mut engine = Engine::open_with(&root, &EngineOptions::default(), |p| eprintln!("{p}"))?;
+    let mut opts = EngineOptions::default();
+    opts.load.prompt_cache = CacheRam::Auto;
+    let mut engine = Engine::open_with(&root, &opts, |p| eprintln!("{p}"))?;
+    // The prompt cache (RAM, the plan's line): a conversation restarted with the same opening
+    // resumes from its longest saved prefix.
+    let ram_bytes = engine.model().plan().map_or(1 << 30, |p| p.prompt_cache);
+    engine.enable_prompt_cache(PromptCacheOptions {
+        ram_bytes,
+        ..Default::default()
+    })?;
     // A long prompt's prefill shows where it is (layer, pass, bytes read, ETA).
     engine
         .model_mut()
@@ -119,12 +132,37 @@ fn main() -> anyhow::Result<()> {
     };
     let dim = std::io::stderr().is_terminal();
     // One session for the whole chat: each turn feeds only what is new.
-    let mut session = engine.session(chat);
+    let mut session = engine.session(chat.clone());
+    let sessions = sessions_dir();
     let stdin = std::io::stdin();
     eprint!("> ");
     for line in stdin.lock().lines() {
         let line = line?;
         if line.trim().is_empty() {
+            eprint!("> ");
+            continue;
+        }
+        if let Some(cmd) = line.trim().strip_prefix('/') {
+            // /save NAME and /load NAME: the whole session (state, tokens, history) on disk.
+            match session_command(cmd, &sessions) {
+                Ok((true, path)) => match session.save(&path) {
+                    Ok(b) => eprintln!("saved {} ({:.1} MB)", path.display(), b as f64 / 1e6),
+                    Err(e) => eprintln!("not saved: {e}"),
+                },
+                Ok((false, path)) => match Session::load(&engine, chat.clone(), &path) {
+                    Ok(s) => {
+                        eprintln!(
+                            "loaded {} ({} tokens, {} messages)",
+                            path.display(),
+                            s.tokens().len(),
+                            s.history().len()
+                        );
+                        session = s;
+                    }
+                    Err(e) => eprintln!("not loaded: {e}"),
+                },
+                Err(e) => eprintln!("{e}"),
+            }
             eprint!("> ");
             continue;
         }
@@ -160,4 +198,34 @@ fn main() -> anyhow::Result<()> {
         eprint!("> ");
     }
     Ok(())
+}
+
+/// Where `/save` and `/load` keep sessions: `DELTAFIN_SESSIONS`, else
+/// `~/.local/share/deltafin/sessions`.
+fn sessions_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("DELTAFIN_SESSIONS") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
+    home.join(".local/share/deltafin/sessions")
+}
+
+/// Parses `save NAME` (true) or `load NAME` (false) into the session file's path.
+fn session_command(cmd: &str, dir: &Path) -> anyhow::Result<(bool, PathBuf)> {
+    let (verb, name) = cmd.split_once(' ').unwrap_or((cmd, ""));
+    let name = name.trim();
+    let save = match verb {
+        "save" => true,
+        "load" => false,
+        _ => anyhow::bail!("commands: /save NAME, /load NAME"),
+    };
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        anyhow::bail!("a session name is letters, digits, '-' and '_' (e.g. /{verb} my-chat)");
+    }
+    std::fs::create_dir_all(dir)?;
+    Ok((save, dir.join(format!("{name}.dfsession"))))
 }

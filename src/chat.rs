@@ -207,6 +207,38 @@ pub fn render_continuation(messages: &[Message], opts: &ChatOptions) -> Result<V
     Ok(out)
 }
 
+/// `render`, with the number of segments after the preamble and after each message: where a
+/// later request (another client with the same system prompt, an edited last turn) may diverge.
+pub fn render_marked(
+    messages: &[Message],
+    opts: &ChatOptions,
+) -> Result<(Vec<Segment>, Vec<usize>)> {
+    let mut out = preamble(opts)?;
+    let mut marks = vec![out.len()];
+    for m in messages {
+        render_messages(&mut out, std::slice::from_ref(m), opts)?;
+        marks.push(out.len());
+    }
+    out.extend(render_continuation(&[], opts)?);
+    Ok((out, marks))
+}
+
+/// `encode_segments`, also turning segment counts (`render_marked`'s marks) into token
+/// positions.
+pub fn encode_marked(tok: &Tokenizer, segs: &[Segment], marks: &[usize]) -> (Vec<u32>, Vec<usize>) {
+    let mut ids = Vec::new();
+    let mut at = vec![0usize; segs.len() + 1];
+    for (i, s) in segs.iter().enumerate() {
+        match s {
+            Segment::Control(t) => ids.extend(tok.encode(t, true)),
+            Segment::Text(t) => ids.extend(tok.encode_ordinary(t)),
+        }
+        at[i + 1] = ids.len();
+    }
+    let pos = marks.iter().filter_map(|&m| at.get(m).copied()).collect();
+    (ids, pos)
+}
+
 /// A finished conversation (preamble and every message, no generation prompt): a training
 /// sample, whose assistant turns end the way the model is to end them.
 pub fn render_conversation(messages: &[Message], opts: &ChatOptions) -> Result<Vec<Segment>> {

@@ -28,6 +28,18 @@ pub enum Error {
         rule: String,
     },
 
+    /// A saved state file (a prompt-cache entry or a saved session) that cannot be used.
+    #[error("{path}: {msg}")]
+    StateFile {
+        /// The file.
+        path: PathBuf,
+        /// Truncated or damaged (a cache removes it) rather than foreign (another checkpoint,
+        /// format version or model shape: refused, left in place).
+        corrupt: bool,
+        /// What is wrong, and what to do.
+        msg: String,
+    },
+
     /// A safetensors shard is malformed.
     #[error("{path}: {msg}")]
     Shard {

@@ -7,7 +7,8 @@
 //! format and fused kernels), `model` (K3 as Candle modules), `spine` (dense weights: store,
 //! row-int8, pinned/streamed layers), `experts` (the tiered streaming expert store), `hub`
 //! (hf-hub range fetches and a mock hub), `tokenizer` and `chat` (K3's BPE and chat format),
-//! `generate` (greedy/sampled decoding), `install` (setup from the hub), `server`
+//! `runtime` (the engine and its sessions, the decoding loop, the memory plan; re-exported as
+//! `engine`, `generate` and `memory`), `kernels` (dense BF16/int8 Candle ops), `install` (setup from the hub), `server`
 //! (OpenAI-compatible HTTP), `train` (training a K3-architecture model with Candle's autograd and
 //! exporting it in K3's format), `eval` (the quality harness) and `assets` (the built-in K3-tiny).
 //!
@@ -47,20 +48,18 @@ pub mod chat;
 pub mod checkpoint;
 pub mod compute;
 pub mod config;
-pub mod engine;
 pub mod error;
 pub mod eval;
 pub mod experts;
 pub mod fsio;
-pub mod generate;
 pub mod hub;
 pub mod install;
 pub mod kernels;
-pub mod memory;
 pub mod models;
 pub mod moe;
 pub mod mxfp4;
 pub mod progress;
+pub mod runtime;
 pub mod server;
 #[cfg(feature = "metal")]
 mod shaders;
@@ -77,6 +76,7 @@ pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 /// K3, the first model (`models::k3`), under its earlier path.
 pub use models::k3 as model;
 pub use models::k3::{K3Model, SeqState};
+pub use runtime::{engine, generate, memory};
 pub use spine::source::Spine;
 
 /// Process set-up for the binaries, the chat example and anything that runs a model: the

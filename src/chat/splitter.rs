@@ -34,7 +34,7 @@ fn text(m: Marker) -> String {
 }
 
 /// Where an assistant reply is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Phase {
     /// In the think block.
     Reasoning,

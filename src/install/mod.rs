@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::checkpoint::inventory::{discover_shards, remote_headers_dir};
 use crate::checkpoint::{Dtype, ExpertIndex, Inventory};
-use crate::experts::{CacheAdvice, DiskCache, TieredExperts, TieredOptions};
+use crate::experts::{CacheAdvice, DiskCache, TieredOptions};
 use crate::fsio::atomic::write_atomic;
 use crate::hub::HubRepo;
 use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, TensorBytes};
@@ -133,51 +133,7 @@ impl TensorBytes for RemoteTensors<'_> {
     }
 }
 
-/// The expert store of an install: local shards for a full install, the disk cache plus the hub
-/// for a streaming one.
-pub fn expert_store(
-    root: &Path,
-    inv: Arc<Inventory>,
-    index: Arc<ExpertIndex>,
-    opts: &TieredOptions,
-    cache: Option<DiskCache>,
-) -> Result<TieredExperts> {
-    let manifest = read_manifest(root);
-    let mut opts = opts.clone();
-    for h in manifest.iter().flat_map(|m| &m.homes) {
-        if !opts.homes.contains(h) {
-            opts.homes.push(h.clone());
-        }
-    }
-    // A home filled from another version of the checkpoint drops the experts that changed.
-    for h in &opts.homes {
-        if h.is_dir() {
-            adopt_source(&DiskCache::new(h, opts.advice)?, &inv, &index)?;
-        }
-    }
-    let opts = &opts;
-    match manifest {
-        Some(m) if m.mode == Mode::Stream => {
-            let cache = match cache {
-                Some(c) => c,
-                None => {
-                    let mut c = DiskCache::new(&experts_dir(root), opts.advice)?;
-                    c.verify = opts.verify_cache;
-                    c
-                }
-            };
-            adopt_source(&cache, &inv, &index)?;
-            let hub = Arc::new(HubRepo::new(&m.repo, m.revision.clone(), None)?);
-            TieredExperts::new(index, None, Some(cache), opts)?.with_hub(hub, inv)
-        }
-        _ => {
-            if let Some(c) = &cache {
-                adopt_source(c, &inv, &index)?;
-            }
-            TieredExperts::new(index, Some(inv), cache, opts)
-        }
-    }
-}
+pub use crate::runtime::engine::expert_store;
 
 /// Ties an expert cache to this checkpoint's shards: cached experts read from a shard whose
 /// identity changed since they were cached are removed (they are fetched again).

@@ -199,6 +199,67 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
     Ok((plan, cfg, shards, metas, hub))
 }
 
+/// A full install: every shard downloaded (resumed, verified, recorded one by one), then the
+/// spine store converted from them.
+fn install_full(
+    root: &Path,
+    cfg: &K3Config,
+    shards: &[String],
+    metas: &BTreeMap<String, HubShard>,
+    hub: &HubRepo,
+) -> Result<()> {
+    // Keep only the records of shards that are still the hub's; each shard is recorded again
+    // once it is in place and verified.
+    let mut record: BTreeMap<String, HubShard> = read_hub_shards(root)
+        .into_iter()
+        .filter(|(f, r)| {
+            metas
+                .get(f)
+                .is_some_and(|m| m.etag == r.etag && m.size == r.size)
+        })
+        .collect();
+    write_hub_shards(root, &record)?;
+    let shard_bytes: u64 = metas.values().map(|m| m.size).sum();
+    let bar = crate::progress::bytes_bar(shard_bytes, "downloading shards");
+    for s in shards {
+        let Some(want) = metas.get(s) else { continue };
+        let got = download_shard(hub, root, s, want, record.get(s), &bar)?;
+        record.insert(s.clone(), got);
+        write_hub_shards(root, &record)?;
+    }
+    bar.finish_and_clear();
+    let inv = Inventory::from_dir(root)?;
+    convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
+    Ok(())
+}
+
+/// A streaming install: no shard is local; the spine store is converted from range reads.
+fn install_stream(
+    root: &Path,
+    cfg: &K3Config,
+    metas: &BTreeMap<String, HubShard>,
+    hub: &HubRepo,
+) -> Result<()> {
+    // The hub's ETags identify the shards (and the expert bytes fetched).
+    write_hub_shards(root, metas)?;
+    let inv = Inventory::from_dir(root)?;
+    let remote = RemoteTensors { hub, inv: &inv };
+    let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
+    convert_spine_from(
+        &remote,
+        &inv,
+        cfg.num_layers(),
+        root,
+        SpineFormat::Bf16,
+        |d, _| bar.set_position(d as u64),
+    )?;
+    bar.finish_and_clear();
+    // Experts cached from shards this upload changed are dropped now, not at first use.
+    let cache = DiskCache::new(&experts_dir(root), CacheAdvice::Auto)?;
+    adopt_source(&cache, &inv, &ExpertIndex::derive_k3(&inv, cfg)?)?;
+    Ok(())
+}
+
 /// The install itself: the shards (full) or nothing more (stream), the spine store, the
 /// manifest.
 fn install(
@@ -217,7 +278,6 @@ fn install(
         plan.free_bytes,
     );
     let hb = indicatif::HumanBytes;
-    let shard_bytes: u64 = metas.values().map(|m| m.size).sum();
     let needed = if mode == Mode::Full {
         full_bytes
     } else {
@@ -232,51 +292,8 @@ fn install(
         )));
     }
     match mode {
-        Mode::Full => {
-            // Keep only the records of shards that are still the hub's; each shard is recorded
-            // again once it is in place and verified.
-            let mut record: BTreeMap<String, HubShard> = read_hub_shards(root)
-                .into_iter()
-                .filter(|(f, r)| {
-                    metas
-                        .get(f)
-                        .is_some_and(|m| m.etag == r.etag && m.size == r.size)
-                })
-                .collect();
-            write_hub_shards(root, &record)?;
-            let bar = crate::progress::bytes_bar(shard_bytes, "downloading shards");
-            for s in &shards {
-                let Some(want) = metas.get(s) else { continue };
-                let got = download_shard(&hub, root, s, want, record.get(s), &bar)?;
-                record.insert(s.clone(), got);
-                write_hub_shards(root, &record)?;
-            }
-            bar.finish_and_clear();
-            let inv = Inventory::from_dir(root)?;
-            convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
-        }
-        Mode::Stream => {
-            // No shard is local: the hub's ETags identify them (and the expert bytes fetched).
-            write_hub_shards(root, &metas)?;
-            let inv = Inventory::from_dir(root)?;
-            let remote = RemoteTensors {
-                hub: &hub,
-                inv: &inv,
-            };
-            let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
-            convert_spine_from(
-                &remote,
-                &inv,
-                cfg.num_layers(),
-                root,
-                SpineFormat::Bf16,
-                |d, _| bar.set_position(d as u64),
-            )?;
-            bar.finish_and_clear();
-            // Experts cached from shards this upload changed are dropped now, not at first use.
-            let cache = DiskCache::new(&experts_dir(root), CacheAdvice::Auto)?;
-            adopt_source(&cache, &inv, &ExpertIndex::derive_k3(&inv, &cfg)?)?;
-        }
+        Mode::Full => install_full(root, &cfg, &shards, &metas, &hub)?,
+        Mode::Stream => install_stream(root, &cfg, &metas, &hub)?,
     }
     let m = Manifest {
         mode,

@@ -16,7 +16,7 @@ use super::queue::{reserve, start, Ev};
 use super::sse::{collect, sse, ChunkFn};
 use super::validate::{self, ApiError, Sampling};
 use super::{error, AppState};
-use crate::chat::{encode_segments, render, ChatOptions, Delta, Effort};
+use crate::chat::{encode_marked, render_marked, ChatOptions, Delta, Effort};
 use crate::tokenizer::Tokenizer;
 
 /// `/v1/models`.
@@ -59,8 +59,28 @@ struct Launched {
     include_usage: bool,
 }
 
+/// Validates a request body and its model off the async runtime: a body of megabytes takes
+/// milliseconds to parse, and `/v1/models` must keep answering meanwhile.
+async fn parse<T: Send + 'static>(
+    st: &Arc<AppState>,
+    body: Bytes,
+    check: fn(&[u8]) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let st = st.clone();
+    tokio::task::spawn_blocking(move || {
+        check(&body).and_then(|r| check_model(&body, &st).map(|_| r))
+    })
+    .await
+    .map_err(|e| ApiError {
+        status: 500,
+        message: format!("request validation failed: {e}"),
+        param: None,
+        kind: "server_error",
+    })?
+}
+
 /// Turns a request into prompt ids (run on a blocking thread).
-type Tokenize = Box<dyn FnOnce(&Tokenizer) -> Vec<u32> + Send>;
+type Tokenize = Box<dyn FnOnce(&Tokenizer) -> (Vec<u32>, Vec<usize>) + Send>;
 
 /// Reserves a place (429 when the queue is full), tokenizes on a blocking thread, checks the
 /// context limit (400 naming it) and starts the generation.
@@ -78,14 +98,15 @@ async fn launch(
     let engine = st.engine.clone();
     // The place is held by the tokenizing thread itself: a client that leaves cannot free it
     // while its prompt is still being tokenized.
-    let (ids, ticket) = tokio::task::spawn_blocking(move || (tokenize(engine.tokenizer()), ticket))
-        .await
-        .map_err(|e| ApiError {
-            status: 500,
-            message: format!("tokenizing failed: {e}"),
-            param: None,
-            kind: "server_error",
-        })?;
+    let ((ids, marks), ticket) =
+        tokio::task::spawn_blocking(move || (tokenize(engine.tokenizer()), ticket))
+            .await
+            .map_err(|e| ApiError {
+                status: 500,
+                message: format!("tokenizing failed: {e}"),
+                param: None,
+                kind: "server_error",
+            })?;
     let limit = st.engine.model().context_limit();
     if ids.len() >= limit {
         return Err(ApiError::bad(
@@ -98,7 +119,7 @@ async fn launch(
     }
     let (stream, include_usage) = (s.stream, s.include_usage);
     Ok(Launched {
-        rx: start(st.clone(), ticket, ids, max_new, s, chat),
+        rx: start(st.clone(), ticket, (ids, marks), max_new, s, chat),
         id: format!("{prefix}-{}", st.next_id.fetch_add(1, Ordering::SeqCst)),
         model: st.cfg.model_id.clone(),
         created: now(),
@@ -109,7 +130,7 @@ async fn launch(
 
 /// `/v1/chat/completions`.
 pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req = match validate::chat(&body).and_then(|r| check_model(&body, &st).map(|_| r)) {
+    let req = match parse(&st, body, validate::chat).await {
         Ok(r) => r,
         Err(e) => return error(e),
     };
@@ -121,7 +142,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
     } else {
         None
     };
-    let segs = match render(
+    let (segs, seg_marks) = match render_marked(
         &req.messages,
         &ChatOptions {
             thinking: req.thinking,
@@ -132,7 +153,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         Ok(s) => s,
         Err(e) => return error(ApiError::bad("messages", e.to_string())),
     };
-    let tokenize = Box::new(move |t: &Tokenizer| encode_segments(t, &segs));
+    let tokenize = Box::new(move |t: &Tokenizer| encode_marked(t, &segs, &seg_marks));
     let Launched {
         rx,
         id,
@@ -183,12 +204,12 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
 
 /// `/v1/completions`.
 pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req = match validate::completion(&body).and_then(|r| check_model(&body, &st).map(|_| r)) {
+    let req = match parse(&st, body, validate::completion).await {
         Ok(r) => r,
         Err(e) => return error(e),
     };
     let prompt = req.prompt.clone();
-    let tokenize = Box::new(move |t: &Tokenizer| t.encode_ordinary(&prompt));
+    let tokenize = Box::new(move |t: &Tokenizer| (t.encode_ordinary(&prompt), Vec::new()));
     let Launched {
         rx,
         id,

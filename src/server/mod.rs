@@ -4,10 +4,9 @@
 //! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
 //! token. Files: `handlers` (the endpoints), `queue` (the slot, the FIFO and the generation
-//! thread), `conversation` (the reuse cache), `sse` (streamed and collected responses),
+//! thread, resuming from the engine's prompt cache), `sse` (streamed and collected responses),
 //! `validate` (request bodies). This file holds the settings, the shared state and the router.
 
-mod conversation;
 mod handlers;
 mod queue;
 mod sse;
@@ -45,6 +44,9 @@ pub struct ServerConfig {
     pub speculation: crate::generate::Speculation,
     /// Reasoning effort when a request names none (`serve` passes `K3_REASONING_EFFORT`).
     pub default_effort: Option<String>,
+    /// Resume requests from the engine's prompt cache (one in RAM is attached when the engine
+    /// has none); off: every request prefills its whole prompt.
+    pub prompt_cache: bool,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +60,7 @@ impl Default for ServerConfig {
             keepalive_secs: 5,
             speculation: Default::default(),
             default_effort: None,
+            prompt_cache: true,
         }
     }
 }
@@ -69,20 +72,28 @@ pub struct AppState {
     slot: Arc<Semaphore>,
     waiting: AtomicUsize,
     next_id: AtomicUsize,
-    /// The last chat's tokens and state, for conversation reuse.
-    conversation: conversation::Conversation,
 }
 
 impl AppState {
-    /// State over an opened engine.
-    pub fn new(engine: Engine, cfg: ServerConfig) -> Arc<Self> {
+    /// State over an opened engine. With `cfg.prompt_cache`, an engine without a prompt cache
+    /// gets one in RAM (the plan's size, else 1 GiB; the binary attaches its own, with
+    /// `--prompt-cache DIR`, before this).
+    pub fn new(mut engine: Engine, cfg: ServerConfig) -> Arc<Self> {
+        if cfg.prompt_cache && engine.prompt_cache().is_none() {
+            let mut opts = crate::runtime::prompt_cache::PromptCacheOptions::default();
+            if let Some(p) = engine.model().plan().filter(|p| p.prompt_cache > 0) {
+                opts.ram_bytes = p.prompt_cache;
+            }
+            if let Err(e) = engine.enable_prompt_cache(opts) {
+                tracing::warn!("no prompt cache: {e}");
+            }
+        }
         Arc::new(AppState {
             engine: Arc::new(engine),
             cfg,
             slot: Arc::new(Semaphore::new(1)),
             waiting: AtomicUsize::new(0),
             next_id: AtomicUsize::new(1),
-            conversation: Default::default(),
         })
     }
 }

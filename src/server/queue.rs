@@ -13,7 +13,7 @@ use crate::chat::{ChatSplitter, Delta};
 use crate::generate::sample::Sampler;
 use crate::generate::StopReason;
 use crate::tokenizer::StreamDecoder;
-use crate::{GenerateOptions, Generator};
+use crate::GenerateOptions;
 
 /// A place in line: the slot now, or a reserved place in the queue.
 pub(super) enum Ticket {
@@ -66,7 +66,7 @@ async fn redeem(st: &AppState, t: Ticket) -> Result<OwnedSemaphorePermit, ApiErr
 pub(super) fn start(
     st: Arc<AppState>,
     ticket: Ticket,
-    ids: Vec<u32>,
+    (ids, marks): (Vec<u32>, Vec<usize>),
     max_new: usize,
     s: Sampling,
     chat: Option<bool>,
@@ -85,7 +85,7 @@ pub(super) fn start(
             }
         };
         let cancel = Arc::new(AtomicBool::new(false));
-        let mut inner = spawn_generation(st, permit, ids, max_new, s, chat, cancel.clone());
+        let mut inner = spawn_generation(st, permit, ids, marks, max_new, s, chat, cancel.clone());
         // The client leaving (the response dropped) cancels at once, even mid-prefill.
         loop {
             tokio::select! {
@@ -126,10 +126,12 @@ fn seed_of(s: &Sampling) -> u64 {
 }
 
 /// Runs one generation on a blocking thread, sending deltas; stops when the receiver is gone.
+#[allow(clippy::too_many_arguments)]
 fn spawn_generation(
     st: Arc<AppState>,
     permit: OwnedSemaphorePermit,
     ids: Vec<u32>,
+    marks: Vec<usize>,
     max_new: usize,
     s: Sampling,
     chat: Option<bool>,
@@ -155,14 +157,9 @@ fn spawn_generation(
                 }
             }
         };
-        // Conversation reuse: continue from the last chat's state when this prompt extends it.
-        let (mut state, start) = match chat.and_then(|_| st.conversation.resume(&ids)) {
-            Some(resumed) => resumed,
-            None => (st.engine.model().new_state(), 0),
-        };
-        let res = Generator::new(st.engine.model()).generate_with(
-            &mut state,
-            &ids[start..],
+        let res = st.engine.generate(
+            &ids,
+            &marks,
             &opts,
             &cancel,
             &mut |l: &[f32]| sampler.choose(l),
@@ -175,7 +172,7 @@ fn spawn_generation(
             },
         );
         match res {
-            Ok(g) => {
+            Ok((g, _)) => {
                 let rest = dec.finish();
                 match chat {
                     Some(_) => {
@@ -190,24 +187,12 @@ fn spawn_generation(
                 } else {
                     "length"
                 };
-                if chat.is_some() && g.stop != StopReason::Cancelled {
-                    // The state holds the prompt and every generated token but the last.
-                    let mut seq = ids.clone();
-                    seq.extend_from_slice(
-                        &g.generated_ids[..g.generated_ids.len().saturating_sub(1)],
-                    );
-                    // Saved only when the state really holds exactly those tokens (with
-                    // `max_new == 0` nothing was prefilled at all).
-                    if state.pos == seq.len() {
-                        st.conversation.save(seq, state);
-                    }
-                }
                 drop(permit.take());
                 let _ = tx.send(Ev::Done {
                     finish,
                     prompt: ids.len(),
                     completion: g.generated_ids.len(),
-                    cached: start,
+                    cached: g.cached,
                 });
             }
             Err(e) => {

@@ -39,6 +39,79 @@ impl std::ops::Deref for LayerRef {
     }
 }
 
+/// Loads the pinned layers (`pin[l]`), with their device copies where a device side is given.
+fn load_pinned(
+    inner: &Inner,
+    pin: &[bool],
+    gpu: Option<&dyn super::DeviceSide>,
+) -> Result<Vec<Option<Arc<LayerData>>>> {
+    let mut pinned = Vec::with_capacity(pin.len());
+    for (l, p) in pin.iter().enumerate() {
+        pinned.push(if *p {
+            let mut d = inner.load_pinned(l)?;
+            if let Some(g) = gpu {
+                g.pin(&mut d)?;
+            }
+            Some(Arc::new(d))
+        } else {
+            None
+        });
+    }
+    Ok(pinned)
+}
+
+/// The spine store's embedding: `embed.bin` mapped, and its one tensor's entry.
+fn embed_file(dir: &Path) -> Result<(memmap2::Mmap, Entry)> {
+    let ep = dir.join("embed.bin");
+    let f = std::fs::File::open(&ep).map_err(|e| Error::io(&ep, e))?;
+    let len = f.metadata().map_err(|e| Error::io(&ep, e))?.len() as usize;
+    let mut head = vec![0u8; 4096.min(len)];
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io(&ep, e))?;
+    let e = parse_header(&head, len, &ep)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Msg(format!("{}: no embedding tensor", ep.display())))?;
+    Ok((crate::fsio::map_random(&f, &ep)?, e))
+}
+
+/// The checkpoint's embedding: its shard mapped, and where the tensor lies in it.
+fn embed_shard(inv: &Inventory) -> Result<(memmap2::Mmap, Entry)> {
+    let name = inv.name(&inv.names.embedding);
+    let t = inv.get(&name).ok_or_else(|| Error::Tensor {
+        name: name.clone(),
+        msg: "missing".into(),
+    })?;
+    let sp = inv.shard_path(t.shard);
+    let f = std::fs::File::open(&sp).map_err(|e| Error::io(&sp, e))?;
+    let map = crate::fsio::map_random(&f, &sp)?;
+    let e = Entry {
+        name,
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        offset: t.start as usize,
+        len: t.len() as usize,
+        checksum: 0,
+    };
+    Ok((map, e))
+}
+
+/// Refuses an embedding that is not a non-empty `[vocab, hidden]` matrix inside its file.
+fn check_embedding(e: &Entry, file_len: usize) -> Result<()> {
+    let row_bytes = e.shape.get(1).copied().unwrap_or(0) * e.dtype.bytes() as usize;
+    if e.shape.len() != 2
+        || e.shape.contains(&0)
+        || e.len != e.shape[0] * row_bytes
+        || e.offset + e.len > file_len
+    {
+        return Err(Error::Tensor {
+            name: e.name.clone(),
+            msg: format!("the embedding must be [vocab, hidden], found {:?}", e.shape),
+        });
+    }
+    Ok(())
+}
+
 /// The spine of a model.
 pub struct Spine {
     inner: Arc<Inner>,
@@ -95,34 +168,12 @@ impl Spine {
             .map(|l| layer_bytes[l] as usize)
             .max()
             .unwrap_or(0);
-        let mut pinned = Vec::with_capacity(num_layers);
-        for (l, p) in pin.iter().enumerate() {
-            pinned.push(if *p {
-                let mut d = inner.load_pinned(l)?;
-                if let Some(g) = &gpu {
-                    g.pin(&mut d)?;
-                }
-                Some(Arc::new(d))
-            } else {
-                None
-            });
-        }
+        let pinned = load_pinned(&inner, &pin, gpu.as_deref())?;
         let (mut global, embed) = match &inner.backing {
-            Backing::Files(d) => {
-                let pool = BufPool::new(1);
-                let g = read_file(&d.join("global.bin"), &pool)?;
-                let ep = d.join("embed.bin");
-                let f = std::fs::File::open(&ep).map_err(|e| Error::io(&ep, e))?;
-                let len = f.metadata().map_err(|e| Error::io(&ep, e))?.len() as usize;
-                let mut head = vec![0u8; 4096.min(len)];
-                f.read_exact_at(&mut head, 0)
-                    .map_err(|e| Error::io(&ep, e))?;
-                let e = parse_header(&head, len, &ep)?
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| Error::Msg(format!("{}: no embedding tensor", ep.display())))?;
-                (g, (crate::fsio::map_random(&f, &ep)?, e))
-            }
+            Backing::Files(d) => (
+                read_file(&d.join("global.bin"), &BufPool::new(1))?,
+                embed_file(d)?,
+            ),
             Backing::Shards(s) => {
                 let g = pack_from_shards(
                     s,
@@ -133,37 +184,10 @@ impl Spine {
                     0,
                     false,
                 )?;
-                let name = inv.name(&inv.names.embedding);
-                let t = inv.get(&name).ok_or_else(|| Error::Tensor {
-                    name: name.clone(),
-                    msg: "missing".into(),
-                })?;
-                let sp = inv.shard_path(t.shard);
-                let f = std::fs::File::open(&sp).map_err(|e| Error::io(&sp, e))?;
-                let map = crate::fsio::map_random(&f, &sp)?;
-                let e = Entry {
-                    name,
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                    offset: t.start as usize,
-                    len: t.len() as usize,
-                    checksum: 0,
-                };
-                (g, (map, e))
+                (g, embed_shard(&inv)?)
             }
         };
-        let e = &embed.1;
-        let row_bytes = e.shape.get(1).copied().unwrap_or(0) * e.dtype.bytes() as usize;
-        if e.shape.len() != 2
-            || e.shape.contains(&0)
-            || e.len != e.shape[0] * row_bytes
-            || e.offset + e.len > embed.0.len()
-        {
-            return Err(Error::Tensor {
-                name: e.name.clone(),
-                msg: format!("the embedding must be [vocab, hidden], found {:?}", e.shape),
-            });
-        }
+        check_embedding(&embed.1, embed.0.len())?;
         if let Some(g) = &gpu {
             g.pin(&mut global)?;
         }

@@ -80,6 +80,11 @@ impl LatentCache {
         }
     }
 
+    /// Identifies the shared buffer (equal for snapshots that share it).
+    pub fn buffer_id(&self) -> usize {
+        Arc::as_ptr(&self.rows) as usize
+    }
+
     /// Bytes reserved.
     pub fn capacity_bytes(&self) -> usize {
         self.rows.capacity() * 4

@@ -3,6 +3,7 @@
 
 pub mod attn_res;
 pub mod fixture;
+pub mod forward;
 pub mod kda;
 pub mod kda_kernels;
 mod layer;
@@ -22,9 +23,10 @@ pub mod train;
 pub mod verify;
 pub mod weights;
 
+pub use forward::{Forward, Logits, Output};
 pub use kda::KdaMode;
 pub use mla::MlaMode;
-pub use model::{Forward, K3Model, Logits, Output};
+pub use model::K3Model;
 pub use moe::{route, Route};
 pub use observe::{Event, Observer, PrefillStep, RouteCollector, RouteTrace};
 pub use options::ModelOptions;

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use super::attn_res::AttnRes;
+use super::forward::{Forward, Logits, Output};
 use super::layer::{column, with, Layer, PassCtx};
-use super::observe::{Both, Event, Observer, Observers, PrefillStep, RouteCollector, RouteTrace};
+use super::observe::{Both, Event, Observer, Observers, PrefillStep};
 use super::ops::rms_norm;
 use super::options::ModelOptions;
 use super::state::SeqState;
@@ -28,38 +29,6 @@ pub(super) struct Control<'a> {
     cancel: Option<&'a std::sync::atomic::AtomicBool>,
     /// Report each layer as a step of this prefill.
     prefill: Option<PrefillStep>,
-}
-
-/// Which logits a forward call returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Logits {
-    /// The last position's `[V]`.
-    #[default]
-    Last,
-    /// Every position's `[T, V]`.
-    All,
-}
-
-/// How one `K3Model::run` call runs besides its math.
-#[derive(Default, Clone, Copy)]
-pub struct Forward<'a> {
-    /// Watches this call only (with the model's own observers).
-    pub observer: Option<&'a dyn Observer>,
-    /// Checked between layers; when set, the call returns `None` and rewinds the state.
-    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
-    /// Which logits to return (`undo` always returns every position's).
-    pub logits: Logits,
-    /// Keep the record that rewinds the call to any prefix (a verify pass: one pass, no
-    /// cancel).
-    pub undo: bool,
-}
-
-/// What `K3Model::run` returns.
-pub struct Output {
-    /// `[V]` (`Logits::Last`) or `[T, V]`.
-    pub logits: Tensor,
-    /// With `Forward::undo`: the record `Rollback::keep` uses.
-    pub rollback: Option<super::Rollback>,
 }
 
 /// Kimi K3.
@@ -297,7 +266,12 @@ impl K3Model {
     }
 
     /// `run` with an undo record: every position in one pass, logits of every row.
-    fn run_verify(&self, ids: &[u32], state: &mut SeqState, f: &Forward<'_>) -> Result<Output> {
+    pub(super) fn run_verify(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        f: &Forward<'_>,
+    ) -> Result<Output> {
         let pos = state.pos;
         let mut undo = Vec::with_capacity(self.layers.len());
         let ctl = Control {
@@ -326,29 +300,6 @@ impl K3Model {
         })
     }
 
-    /// `run` for the last position's logits `[V]` (a convenience).
-    pub fn forward(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
-        self.forward_traced(ids, state, None)
-    }
-
-    /// `forward`, recording the routes of every MoE layer (a convenience over `run`).
-    pub fn forward_traced(
-        &self,
-        ids: &[u32],
-        state: &mut SeqState,
-        trace: Option<&mut RouteTrace>,
-    ) -> Result<Tensor> {
-        let routes = RouteCollector::default();
-        let observer = trace.as_ref().map(|_| &routes as &dyn Observer);
-        let logits = self
-            .forward_with(ids, state, observer, None)?
-            .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))?;
-        if let Some(t) = trace {
-            t.extend(routes.take());
-        }
-        Ok(logits)
-    }
-
     /// Checks that `n` more positions fit the context limit and the vocabulary.
     pub fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()> {
         if ids.is_empty() {
@@ -367,55 +318,6 @@ impl K3Model {
             });
         }
         Ok(())
-    }
-
-    /// `run` for the last position's logits with an observer and a cancel flag (a convenience).
-    pub fn forward_with(
-        &self,
-        ids: &[u32],
-        state: &mut SeqState,
-        observer: Option<&dyn Observer>,
-        cancel: Option<&std::sync::atomic::AtomicBool>,
-    ) -> Result<Option<Tensor>> {
-        let f = Forward {
-            observer,
-            cancel,
-            ..Default::default()
-        };
-        Ok(self.run(ids, state, &f)?.map(|o| o.logits))
-    }
-
-    /// `run` for the logits `[T, V]` of every position (teacher-forced evaluation; a
-    /// convenience).
-    pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
-        let f = Forward {
-            logits: Logits::All,
-            ..Default::default()
-        };
-        self.run(ids, state, &f)?
-            .map(|o| o.logits)
-            .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))
-    }
-
-    /// `run` as a verify pass (speculative decoding): the logits `[T, V]` of every position
-    /// and the record that keeps any prefix of them (`Rollback::keep`); a convenience.
-    pub fn verify(
-        &self,
-        ids: &[u32],
-        state: &mut SeqState,
-        observer: Option<&dyn Observer>,
-    ) -> Result<(Tensor, super::Rollback)> {
-        self.check_input(ids, state)?;
-        let f = Forward {
-            observer,
-            undo: true,
-            ..Default::default()
-        };
-        let out = self.run_verify(ids, state, &f)?;
-        let rb = out
-            .rollback
-            .ok_or_else(|| crate::Error::Msg("verify kept no record".into()))?;
-        Ok((out.logits, rb))
     }
 
     /// Keeps the first `rows` positions of a verify pass (`Rollback::keep`) and tells the

@@ -80,3 +80,104 @@ impl SeqState {
         }
     }
 }
+
+/// One buffer of a state as a saved file holds it: what it is and how many floats.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ArrayInfo {
+    /// Layer index.
+    pub layer: usize,
+    /// `kda.conv`, `kda.s` or `mla.rows`.
+    pub what: ArrayKind,
+    /// Floats held.
+    pub len: usize,
+}
+
+/// Which buffer of a layer's state an array is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArrayKind {
+    /// KDA's conv histories `[3, W−1, P]`.
+    KdaConv,
+    /// KDA's recurrent matrices `[H, K, V]`.
+    KdaS,
+    /// MLA's latent rows `[pos, width]`.
+    MlaRows,
+}
+
+impl SeqState {
+    /// Every buffer in layer order, with what it is (for saving).
+    pub fn arrays(&self) -> Vec<(ArrayInfo, &[f32])> {
+        let mut out = Vec::new();
+        for (layer, l) in self.layers.iter().enumerate() {
+            let info = |what, len| ArrayInfo { layer, what, len };
+            match l {
+                LayerState::Kda(k) => {
+                    out.push((info(ArrayKind::KdaConv, k.conv.len()), k.conv.as_slice()));
+                    out.push((info(ArrayKind::KdaS, k.s.len()), k.s.as_slice()));
+                }
+                LayerState::Mla(m) => {
+                    let r = m.cache.rows();
+                    out.push((info(ArrayKind::MlaRows, r.len()), r));
+                }
+            }
+        }
+        out
+    }
+
+    /// Bytes this state's buffers hold, counting a buffer `seen` already holds once (snapshots
+    /// share buffers copy-on-write); adds this state's buffers to `seen`.
+    pub fn unique_bytes(&self, seen: &mut std::collections::HashSet<usize>) -> u64 {
+        let mut bytes = 0u64;
+        for l in &self.layers {
+            match l {
+                LayerState::Kda(k) => {
+                    for b in [&k.conv, &k.s] {
+                        if seen.insert(std::sync::Arc::as_ptr(b) as usize) {
+                            bytes += 4 * b.capacity() as u64;
+                        }
+                    }
+                }
+                LayerState::Mla(m) => {
+                    if seen.insert(m.cache.buffer_id()) {
+                        bytes += m.cache.capacity_bytes() as u64;
+                    }
+                }
+            }
+        }
+        bytes
+    }
+
+    /// A state at position `pos` with `arrays` (in `arrays()`'s order) on this state's layout
+    /// (a fresh state of the same model: its KDA buffers give the sizes, its MLA caches the
+    /// width and the context limit). `None` when the arrays do not fit the layout.
+    pub fn with_arrays(&self, pos: usize, arrays: Vec<Vec<f32>>) -> Option<SeqState> {
+        let mut it = arrays.into_iter();
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(match l {
+                LayerState::Kda(k) => {
+                    let (conv, s) = (it.next()?, it.next()?);
+                    if conv.len() != k.conv.len() || s.len() != k.s.len() {
+                        return None;
+                    }
+                    LayerState::Kda(KdaState {
+                        conv: std::sync::Arc::new(conv),
+                        s: std::sync::Arc::new(s),
+                    })
+                }
+                LayerState::Mla(m) => {
+                    let rows = it.next()?;
+                    let w = m.cache.width().max(1);
+                    if rows.len() != pos * w {
+                        return None;
+                    }
+                    let mut cache = m.cache.clone();
+                    cache.truncate(0);
+                    cache.append(&rows);
+                    LayerState::Mla(MlaState { cache })
+                }
+            });
+        }
+        it.next().is_none().then_some(SeqState { pos, layers })
+    }
+}

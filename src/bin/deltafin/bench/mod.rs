@@ -7,6 +7,7 @@ pub mod forward;
 pub mod homes;
 pub mod mapped;
 pub mod prefill;
+pub mod prompt_cache;
 pub mod speculate;
 pub mod spine;
 

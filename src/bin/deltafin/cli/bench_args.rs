@@ -77,6 +77,32 @@ pub enum BenchKind {
         #[arg(long)]
         memory_gb: Option<f64>,
     },
+    /// A multi-turn agent transcript (a long system prompt, two clients interleaved, an edited
+    /// turn, a restart) with and without the prompt cache: time to first token, tokens
+    /// prefilled, bytes read per request; one K3-shape snapshot saved and loaded vs the disk.
+    PromptCache {
+        /// Model directory (K3-tiny by default; a full-shape layer prefix works too).
+        #[arg(long)]
+        model_root: Option<PathBuf>,
+        /// Tokens of the system prompt.
+        #[arg(long, default_value_t = 2000)]
+        system_tokens: usize,
+        /// Turns, alternating between two clients (then one edited turn, then a restart).
+        #[arg(long, default_value_t = 8)]
+        turns: usize,
+        /// Tokens generated per reply.
+        #[arg(long, default_value_t = 8)]
+        reply: usize,
+        /// Memory limit in GB (default: the machine's).
+        #[arg(long)]
+        memory_gb: Option<f64>,
+        /// Scratch directory (cache files, snapshot files; removed after).
+        #[arg(long, default_value = "/tmp/deltafin-bench-prompt-cache")]
+        scratch: PathBuf,
+        /// Skip the K3-shape snapshot save/load figure.
+        #[arg(long)]
+        no_snapshot: bool,
+    },
     /// Prefill and decode speed of the whole model (each KDA form).
     Forward {
         /// Model directory.
@@ -202,6 +228,29 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 &o,
                 |l| println!("{l}"),
             )?;
+        }
+        BenchKind::PromptCache {
+            model_root,
+            system_tokens,
+            turns,
+            reply,
+            memory_gb,
+            scratch,
+            no_snapshot,
+        } => {
+            let root = match model_root {
+                Some(r) => r,
+                None => deltafin::assets::k3_tiny()?,
+            };
+            let o = crate::bench::prompt_cache::PromptCacheBenchOptions {
+                system_tokens,
+                turns,
+                reply,
+                memory_limit: memory_gb.map(|g| (g * 1e9) as u64),
+                scratch,
+                no_snapshot,
+            };
+            crate::bench::prompt_cache::prompt_cache_bench(&root, &o, |l| println!("{l}"))?;
         }
         BenchKind::Spine { model_root, runs } => {
             crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;

@@ -6,6 +6,7 @@ pub mod eval;
 pub mod events;
 pub mod install;
 pub mod logits;
+pub mod prompt_cache;
 pub mod run;
 pub mod store;
 pub mod train;

@@ -13,6 +13,7 @@ use deltafin::progress::{PrefillProgress, ProgressMode};
 use deltafin::tokenizer::StreamDecoder;
 use deltafin::GenerateOptions;
 
+use super::prompt_cache::{load_engine_cached, PromptCacheArgs};
 pub use super::store::{load_engine, StoreArgs};
 
 /// Arguments of `run`.
@@ -67,6 +68,10 @@ pub struct RunArgs {
     /// Expert store settings.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Prompt cache: `run` uses one only with `--prompt-cache DIR` (a later `run` of a prompt
+    /// with the same beginning resumes from the files).
+    #[command(flatten)]
+    pub cache: PromptCacheArgs,
 }
 
 /// Speculative decoding flags (`run`, `serve`): the output is identical either way.
@@ -119,7 +124,10 @@ fn spec_report(
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
-    let mut engine = load_engine(&root, &a.store, 0)?;
+    let mut engine = match &a.cache.prompt_cache {
+        Some(_) if !a.cache.no_prompt_cache => load_engine_cached(&root, &a.store, &a.cache)?,
+        _ => load_engine(&root, &a.store, 0)?,
+    };
     let model = engine.model_mut();
     // The pass observers: the router trace and the layer profile.
     let router_trace = match &a.router_trace {
@@ -258,8 +266,24 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "experts": model.expert_stats(),
             "speculation": spec,
             "memory": super::store::memory_report(model),
+            "prompt_cache": engine.prompt_cache().map(|c| c.stats()),
         }),
     )?;
+    if let (true, Some(c)) = (a.stats, engine.prompt_cache()) {
+        let s = c.stats();
+        eprintln!(
+            "prompt cache: {} of {} prompt tokens from an entry; {} hits ({} from disk) in {} lookups; {:.1} MB in RAM ({} entries), {:.1} MB on disk ({} files)",
+            gen.cached,
+            prompt_ids.len(),
+            s.hits,
+            s.disk_hits,
+            s.lookups,
+            s.ram_bytes as f64 / 1e6,
+            s.ram_entries,
+            s.disk_bytes as f64 / 1e6,
+            s.disk_entries
+        );
+    }
     if !a.json && tok.is_some() {
         let rest = dec.finish();
         if a.chat {
@@ -279,11 +303,12 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "generated_ids": gen.generated_ids,
             "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
             "stop": gen.stop,
-            "prefill": {"tokens": prompt_ids.len(), "ms": gen.prefill_ms,
+            "prefill": {"tokens": prompt_ids.len(), "cached": gen.cached, "ms": gen.prefill_ms,
                 "passes": prompt_ids.len().div_ceil(model.options.pass_len()),
                 "bytes_read": prefill_read},
             "speculation": spec,
             "memory": super::store::memory_report(model),
+            "prompt_cache": engine.prompt_cache().map(|c| c.stats()),
         });
         println!("{v}");
     } else {
@@ -372,12 +397,15 @@ pub struct ServeArgs {
     /// Expert store settings.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Prompt cache.
+    #[command(flatten)]
+    pub cache: PromptCacheArgs,
 }
 
 /// Runs `deltafin serve`.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
-    let mut engine = load_engine(&root, &a.store, 1)?;
+    let mut engine = load_engine_cached(&root, &a.store, &a.cache)?;
     // Prefill progress: a line on stderr every few seconds (the SSE stream keeps its
     // keep-alives meanwhile).
     engine
@@ -390,6 +418,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         body_limit: a.body_limit_mb.max(1) << 20,
         speculation: a.spec.speculation(),
         default_effort: std::env::var("K3_REASONING_EFFORT").ok(),
+        prompt_cache: !a.cache.no_prompt_cache,
         ..Default::default()
     };
     let state = deltafin::server::AppState::new(engine, cfg);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use deltafin::engine::LoadOptions;
+use deltafin::engine::{CacheRam, LoadOptions};
 use deltafin::experts::{CacheAdvice, DiskCache, TieredOptions};
 use deltafin::spine::source::SpineChoice;
 use deltafin::{Engine, EngineOptions, K3Model};
@@ -113,6 +113,7 @@ impl StoreArgs {
             },
             cache,
             direct_spine: None,
+            prompt_cache: CacheRam::Off,
         })
     }
 }
@@ -120,8 +121,20 @@ impl StoreArgs {
 /// Opens the engine under the memory plan and prints the startup report on stderr (the plan as
 /// a table, the device, the expert tiers and the spine).
 pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyhow::Result<Engine> {
+    load_engine_with(root, store, saved_states, CacheRam::Off)
+}
+
+/// `load_engine` with a prompt-cache line in the plan.
+pub fn load_engine_with(
+    root: &Path,
+    store: &StoreArgs,
+    saved_states: usize,
+    prompt_cache: CacheRam,
+) -> anyhow::Result<Engine> {
+    let mut load = store.load_options(saved_states)?;
+    load.prompt_cache = prompt_cache;
     let opts = EngineOptions {
-        load: store.load_options(saved_states)?,
+        load,
         device: store.device,
     };
     let engine = Engine::open_with(root, &opts, |p| eprintln!("{p}"))?;

@@ -176,6 +176,43 @@ fn clip(net: &Net, grads: &mut candle::backprop::GradStore, max: f64) -> Result<
     Ok(norm)
 }
 
+/// One optimiser step on step `step`'s batch, then the router-bias nudge; returns the loss.
+fn train_step(
+    o: &TrainOptions,
+    net: &mut Net,
+    opt: &mut AdamW,
+    tokens: &[u32],
+    step: usize,
+    k: f64,
+) -> Result<f64> {
+    opt.set_learning_rate(lr_at(o, step));
+    let wins = batch_windows(tokens, step, o.batch, o.seq, o.seed);
+    let (ids, tgt): (Vec<u32>, Vec<u32>) = wins
+        .iter()
+        .flat_map(|w| w[..o.seq].iter().copied().zip(w[1..].iter().copied()))
+        .unzip();
+    let ids = Tensor::from_vec(ids, (o.batch, o.seq), &Device::Cpu)?;
+    let tgt = Tensor::from_vec(tgt, o.batch * o.seq, &Device::Cpu)?;
+    let pass = net.forward(&ids)?;
+    let loss = candle_nn::loss::cross_entropy(&pass.logits, &tgt)?;
+    let mut grads = loss.backward()?;
+    clip(net, &mut grads, 1.0)?;
+    opt.step(&grads)?;
+    // noaux_tc: nudge each router bias against its expert's load, no auxiliary loss.
+    let n = (o.batch * o.seq) as f64;
+    for (l, load) in &pass.loads {
+        let mean = n * k / load.len() as f64;
+        let nudge: Vec<f32> = load
+            .iter()
+            .map(|&c| (o.bias_rate * (mean - c as f64).signum()) as f32)
+            .collect();
+        if let Some(b) = net.biases.get_mut(l) {
+            *b = (&*b + Tensor::new(nudge, &Device::Cpu)?)?;
+        }
+    }
+    Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+}
+
 /// Trains (or resumes) per `o`; returns the network and what the run did. Stops early, after a
 /// checkpoint, when `cancel` is set.
 pub fn train(o: &TrainOptions, cancel: &AtomicBool) -> Result<(Net, TrainReport)> {
@@ -217,32 +254,8 @@ pub fn train(o: &TrainOptions, cancel: &AtomicBool) -> Result<(Net, TrainReport)
             interrupted = true;
             break;
         }
-        opt.set_learning_rate(lr_at(o, step));
-        let wins = batch_windows(&tokens, step, o.batch, o.seq, o.seed);
-        let (ids, tgt): (Vec<u32>, Vec<u32>) = wins
-            .iter()
-            .flat_map(|w| w[..o.seq].iter().copied().zip(w[1..].iter().copied()))
-            .unzip();
-        let ids = Tensor::from_vec(ids, (o.batch, o.seq), &Device::Cpu)?;
-        let tgt = Tensor::from_vec(tgt, o.batch * o.seq, &Device::Cpu)?;
-        let pass = net.forward(&ids)?;
-        let loss = candle_nn::loss::cross_entropy(&pass.logits, &tgt)?;
-        let mut grads = loss.backward()?;
-        clip(&net, &mut grads, 1.0)?;
-        opt.step(&grads)?;
-        // noaux_tc: nudge each router bias against its expert's load, no auxiliary loss.
+        let lv = train_step(o, &mut net, &mut opt, &tokens, step, k)?;
         let n = (o.batch * o.seq) as f64;
-        for (l, load) in &pass.loads {
-            let mean = n * k / load.len() as f64;
-            let nudge: Vec<f32> = load
-                .iter()
-                .map(|&c| (o.bias_rate * (mean - c as f64).signum()) as f32)
-                .collect();
-            if let Some(b) = net.biases.get_mut(l) {
-                *b = (&*b + Tensor::new(nudge, &Device::Cpu)?)?;
-            }
-        }
-        let lv = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         recent.push(lv);
         if recent.len() > 50 {
             recent.remove(0);

@@ -46,6 +46,8 @@ pub struct Generation {
     pub decode_ms: f64,
     /// What speculation did.
     pub spec: SpecStats,
+    /// Prompt tokens a prompt-cache entry supplied (not prefilled).
+    pub cached: usize,
 }
 
 mod decode;
@@ -155,6 +157,68 @@ impl<'m> Generator<'m> {
         };
         let logits = logits.to_vec1::<f32>()?;
         out.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.decode(
+            state,
+            logits,
+            opts,
+            cancel,
+            choose,
+            drafter,
+            &mut on_token,
+            out,
+        )
+    }
+
+    /// Decodes after a prefill done elsewhere (a prompt-cache resume): `state` holds the
+    /// prompt, `logits` are its last position's. The same tokens as `generate_with` on a state
+    /// prefilled the same way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_from(
+        &self,
+        state: &mut SeqState,
+        prompt: &[u32],
+        logits: Vec<f32>,
+        prefill_ms: f64,
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
+        let mut out = Generation::empty(prompt);
+        out.prefill_ms = prefill_ms;
+        if opts.max_new == 0 {
+            return Ok(out);
+        }
+        if cancel.load(Ordering::Relaxed) {
+            out.stop = StopReason::Cancelled;
+            return Ok(out);
+        }
+        let mut ngram = NgramDrafter::default();
+        self.decode(
+            state,
+            logits,
+            opts,
+            cancel,
+            choose,
+            &mut ngram,
+            &mut on_token,
+            out,
+        )
+    }
+
+    /// The decoding loop from the prompt's last logits.
+    #[allow(clippy::too_many_arguments)]
+    fn decode(
+        &self,
+        state: &mut SeqState,
+        logits: Vec<f32>,
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+        drafter: &mut dyn Drafter,
+        on_token: &mut dyn FnMut(u32),
+        mut out: Generation,
+    ) -> Result<Generation> {
         out.first_step_top = top_k(&logits, 10);
         let t1 = Instant::now();
         // Expanded MLA (the reference form) is not row-independent: no verify passes there.
@@ -163,13 +227,14 @@ impl<'m> Generator<'m> {
             crate::models::k3::MlaMode::Expanded => spec::Speculation::OFF,
         };
         let mut ctl = DepthController::new(spec);
+        let context = out.prompt_ids.clone();
         let mut emit = decode::Emitter {
             opts,
             cancel,
             choose,
-            on_token: &mut on_token,
+            on_token,
             out: &mut out,
-            context: prompt.to_vec(),
+            context,
         };
         let mut pass = decode::Pass::first(logits);
         loop {
@@ -235,7 +300,8 @@ impl<'m> Generator<'m> {
 
 impl Generation {
     /// Nothing generated yet for `prompt`.
-    fn empty(prompt: &[u32]) -> Self {
+    /// Nothing generated yet for `prompt` (stop reason `Length`, no timings).
+    pub fn empty(prompt: &[u32]) -> Self {
         Generation {
             prompt_ids: prompt.to_vec(),
             generated_ids: Vec::new(),
@@ -244,6 +310,7 @@ impl Generation {
             prefill_ms: 0.0,
             decode_ms: 0.0,
             spec: SpecStats::default(),
+            cached: 0,
         }
     }
 }

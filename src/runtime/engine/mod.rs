@@ -5,18 +5,22 @@
 //! themselves. Owns no math: the model does the compute, the generator the decoding loop.
 
 mod load;
+mod prefill;
 mod session;
+mod store;
 
 use std::path::{Path, PathBuf};
 
+pub use prefill::Prefilled;
 pub use session::{ChatTurn, Session, SessionSnapshot};
+pub use store::expert_store;
 
 use crate::chat::ChatOptions;
 use crate::compute::device::DeviceChoice;
 use crate::memory::MemoryPlan;
 use crate::tokenizer::Tokenizer;
 use crate::{K3Model, Result};
-pub use load::{activation_bytes, pass_row_bytes, plan_for, state_bytes, LoadOptions};
+pub use load::{activation_bytes, pass_row_bytes, plan_for, state_bytes, CacheRam, LoadOptions};
 
 /// How to open an engine.
 #[derive(Debug, Clone, Default)]
@@ -32,6 +36,10 @@ pub struct Engine {
     model: K3Model,
     tok: Tokenizer,
     root: PathBuf,
+    /// The prompt cache, when attached (`enable_prompt_cache`).
+    cache: Option<crate::runtime::prompt_cache::PromptCache>,
+    /// The checkpoint's fingerprint, computed on first use (it keys saved state files).
+    fingerprint: std::sync::OnceLock<String>,
 }
 
 impl Engine {
@@ -53,6 +61,8 @@ impl Engine {
             model,
             tok,
             root: root.to_path_buf(),
+            cache: None,
+            fingerprint: Default::default(),
         })
     }
 
@@ -62,6 +72,8 @@ impl Engine {
             model,
             tok,
             root: root.to_path_buf(),
+            cache: None,
+            fingerprint: Default::default(),
         }
     }
 

@@ -31,8 +31,10 @@ pub struct LoadOptions {
     pub context: Option<usize>,
     /// Most bytes of spine layers to pin (`--spine-resident-gb`).
     pub resident_cap: Option<u64>,
-    /// Extra sequence states the caller keeps (the server's saved conversation: 1).
+    /// Extra sequence states the caller keeps.
     pub saved_states: usize,
+    /// RAM the prompt cache's entries may hold (a line of the plan).
+    pub prompt_cache: CacheRam,
     /// Spine format.
     pub spine: SpineChoice,
     /// Expert store settings; the plan sets the RAM tier and the prefetch cap.
@@ -52,12 +54,25 @@ impl Default for LoadOptions {
             context: None,
             resident_cap: None,
             saved_states: 0,
+            prompt_cache: CacheRam::Off,
             spine: SpineChoice::Auto,
             store: TieredOptions::default(),
             cache: None,
             direct_spine: None,
         }
     }
+}
+
+/// How much RAM the prompt cache may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheRam {
+    /// No prompt cache.
+    #[default]
+    Off,
+    /// Four snapshots of a 4,096-token sequence (K3: about 2.7 GB).
+    Auto,
+    /// This many bytes (`--prompt-cache-gb`).
+    Bytes(u64),
 }
 
 /// Per-sequence bytes: `(fixed, per position)` (KDA conv + recurrent state; MLA latent cache).
@@ -155,6 +170,12 @@ pub fn plan_for(
         context: o.context,
         max_context: cfg.text().max_position_embeddings.unwrap_or(usize::MAX),
         saved_states: o.saved_states,
+        prompt_cache: match o.prompt_cache {
+            CacheRam::Off => 0,
+            // Four snapshots of a 4,096-token sequence.
+            CacheRam::Auto => 4 * (state_fixed + 4096 * state_per_position),
+            CacheRam::Bytes(b) => b,
+        },
         activation_bytes: activation_bytes(cfg, defaults.prefill_chunk),
         pass_row_bytes: pass_row_bytes(cfg),
         prefill_chunk: defaults.prefill_chunk,
@@ -195,7 +216,7 @@ impl K3Model {
             device,
             &spine,
         )?);
-        let experts = Arc::new(crate::install::expert_store(dir, inv, index, opts, cache)?);
+        let experts = Arc::new(super::expert_store(dir, inv, index, opts, cache)?);
         Self::load(cfg, spine, experts)
     }
 
@@ -237,7 +258,7 @@ impl K3Model {
             prefetch_previous: o.store.prefetch_previous && plan.prefetch_cap > 0,
             ..o.store.clone()
         };
-        let experts = Arc::new(crate::install::expert_store(
+        let experts = Arc::new(super::expert_store(
             dir,
             inv,
             index,

@@ -9,8 +9,8 @@ use std::sync::atomic::AtomicBool;
 
 use super::Engine;
 use crate::chat::{
-    close_turn, encode_segments, render, render_continuation, ChatOptions, ChatSplitter, Delta,
-    Message, Phase,
+    close_turn, encode_marked, encode_segments, render_continuation, render_marked, ChatOptions,
+    ChatSplitter, Delta, Message, Phase,
 };
 use crate::generate::{GenerateOptions, Generation, Generator};
 use crate::models::k3::SeqState;
@@ -33,6 +33,14 @@ pub struct ChatTurn {
 pub struct SessionSnapshot {
     state: SeqState,
     fed: Vec<u32>,
+    pending: Option<u32>,
+    history: Vec<Message>,
+    phase: Phase,
+}
+
+/// What a saved session holds besides its state and tokens.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
     pending: Option<u32>,
     history: Vec<Message>,
     phase: Phase,
@@ -101,7 +109,8 @@ impl<'e> Session<'e> {
     }
 
     /// Continues the sequence with `ids` (after the pending token) and generates; `choose`
-    /// picks each token from the logits.
+    /// picks each token from the logits. A fresh session starts from the engine's prompt cache
+    /// when it has one.
     pub fn generate(
         &mut self,
         ids: &[u32],
@@ -110,17 +119,47 @@ impl<'e> Session<'e> {
         choose: &mut dyn FnMut(&[f32]) -> u32,
         on_token: impl FnMut(u32),
     ) -> Result<Generation> {
+        self.generate_marked(ids, &[], opts, cancel, choose, on_token)
+    }
+
+    /// `generate`, with the positions (in `ids`) where a later request may diverge: a fresh
+    /// session cuts its prefill there and saves prompt-cache entries.
+    fn generate_marked(
+        &mut self,
+        ids: &[u32],
+        marks: &[usize],
+        opts: &GenerateOptions,
+        cancel: &AtomicBool,
+        choose: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: impl FnMut(u32),
+    ) -> Result<Generation> {
         let pending = self.pending;
         let input = self.take_input(ids);
         let before = self.state.pos;
-        let g = Generator::new(self.engine.model()).generate_with(
-            &mut self.state,
-            &input,
-            opts,
-            cancel,
-            choose,
-            on_token,
-        );
+        let fresh = before == 0 && self.fed.is_empty();
+        let g = if fresh && self.engine.prompt_cache().is_some() {
+            let shift = input.len() - ids.len();
+            let marks: Vec<usize> = marks.iter().map(|m| m + shift).collect();
+            self.engine
+                .generate(&input, &marks, opts, cancel, choose, on_token)
+                .map(|(g, state)| {
+                    if !(g.generated_ids.is_empty()
+                        && g.stop == crate::generate::StopReason::Cancelled)
+                    {
+                        self.state = state;
+                    }
+                    g
+                })
+        } else {
+            Generator::new(self.engine.model()).generate_with(
+                &mut self.state,
+                &input,
+                opts,
+                cancel,
+                choose,
+                on_token,
+            )
+        };
         let g = match g {
             Ok(g) => g,
             Err(e) => {
@@ -160,9 +199,10 @@ impl<'e> Session<'e> {
         let tok = self.engine.tokenizer();
         let eos = self.engine.eos();
         let (history_len, phase) = (self.history.len(), self.phase);
-        let ids = if self.fed.is_empty() && self.pending.is_none() {
+        let (ids, marks) = if self.fed.is_empty() && self.pending.is_none() {
             self.history.extend_from_slice(messages);
-            encode_segments(tok, &render(&self.history, &self.chat)?)
+            let (segs, marks) = render_marked(&self.history, &self.chat)?;
+            encode_marked(tok, &segs, &marks)
         } else {
             // The previous reply ended with its end-of-message token (still pending), or was
             // cut short: close it as the full rendering would, after its last token.
@@ -172,7 +212,7 @@ impl<'e> Session<'e> {
             }
             segs.extend(render_continuation(messages, &self.chat)?);
             self.history.extend_from_slice(messages);
-            encode_segments(tok, &segs)
+            (encode_segments(tok, &segs), Vec::new())
         };
         let mut dec = StreamDecoder::new();
         let mut split = ChatSplitter::new(self.chat.thinking);
@@ -186,7 +226,7 @@ impl<'e> Session<'e> {
                 on_delta(x);
             }
         };
-        let g = self.generate(&ids, opts, cancel, choose, |id| {
+        let g = self.generate_marked(&ids, &marks, opts, cancel, choose, |id| {
             emit(
                 split.push_id(tok, &mut dec, id),
                 &mut reasoning,
@@ -235,6 +275,41 @@ impl<'e> Session<'e> {
         self.pending = s.pending;
         self.history = s.history.clone();
         self.phase = s.phase;
+    }
+
+    /// Writes the session (its state, tokens and chat history) to `path` atomically, for
+    /// `Session::load`; returns the bytes written.
+    pub fn save(&self, path: &std::path::Path) -> Result<u64> {
+        let extra = serde_json::to_value(Saved {
+            pending: self.pending,
+            history: self.history.clone(),
+            phase: self.phase,
+        })
+        .map_err(|e| crate::Error::Msg(e.to_string()))?;
+        let fp = self.engine.fingerprint()?;
+        crate::runtime::prompt_cache::file::write(path, &fp, &self.fed, &self.state, None, extra)
+    }
+
+    /// A session read back from `path` (written by `save` for this checkpoint); a file from
+    /// another checkpoint, format version or model shape is refused, a damaged one reported.
+    pub fn load(engine: &'e Engine, chat: ChatOptions, path: &std::path::Path) -> Result<Self> {
+        let fp = engine.fingerprint()?;
+        let l = crate::runtime::prompt_cache::file::read(path, &fp, &engine.model().new_state())?;
+        let s: Saved =
+            serde_json::from_value(l.header.extra).map_err(|e| crate::Error::StateFile {
+                path: path.to_path_buf(),
+                corrupt: false,
+                msg: format!("not a saved session ({e})"),
+            })?;
+        Ok(Session {
+            engine,
+            chat,
+            state: l.state,
+            fed: l.header.ids,
+            pending: s.pending,
+            history: s.history,
+            phase: s.phase,
+        })
     }
 
     /// The pending token (if any) followed by `ids`: what the next pass feeds.

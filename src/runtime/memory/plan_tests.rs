@@ -34,6 +34,7 @@ fn k3(limit: Option<u64>) -> PlanInputs {
         context: None,
         max_context: 1 << 20,
         saved_states: 0,
+        prompt_cache: 0,
         activation_bytes: 200_000_000,
         pass_row_bytes: 600_000,
         prefill_chunk: 64,

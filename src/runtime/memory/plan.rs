@@ -45,6 +45,8 @@ pub struct PlanInputs {
     pub max_context: usize,
     /// Extra sequence states kept (the server's saved conversation).
     pub saved_states: usize,
+    /// RAM for the prompt cache's entries (0: no cache).
+    pub prompt_cache: u64,
     /// Activations of one prefill chunk.
     pub activation_bytes: u64,
     /// Bytes a layer-major prefill pass holds per position across a layer (hidden states,
@@ -91,6 +93,8 @@ pub struct MemoryPlan {
     pub expert_ram: u64,
     /// Prefetch holdings cap in bytes (0: prefetch off).
     pub prefetch_cap: u64,
+    /// RAM for the prompt cache's entries.
+    pub prompt_cache: u64,
 }
 
 /// Share of the budget the sequence states may take when the plan picks the context.
@@ -109,6 +113,46 @@ fn gb(b: u64) -> f64 {
     b as f64 / GB as f64
 }
 
+/// The costs that do not depend on the context or the pass: baseline, small tensors, the tail,
+/// activations, expert reads in flight and the reader pool.
+fn fixed_lines(i: &PlanInputs, copies: u64) -> Vec<(String, u64)> {
+    vec![
+        (
+            "process baseline (code, inventory, tokenizer)".to_string(),
+            i.baseline,
+        ),
+        ("small tensors (norms, conv, gates)".into(), i.small_bytes),
+        ("lm_head and tail".into(), i.global_bytes * copies),
+        (
+            "activations (a prefill chunk or a verify pass)".into(),
+            i.activation_bytes,
+        ),
+        (
+            format!("expert reads in flight ({} experts)", i.expert_batch),
+            i.expert_batch as u64 * i.expert_bytes,
+        ),
+        (
+            format!("reader pool idle buffers ({})", i.pool_buffers),
+            i.pool_buffers as u64 * i.expert_bytes,
+        ),
+        ("prompt cache (RAM entries)".into(), i.prompt_cache),
+    ]
+}
+
+/// The expert RAM tier: `--ram-gb` when it fits in `spare`, else a fifth of `spare` (at most
+/// 4 GiB; the rest pins layers).
+fn expert_tier(asked: Option<u64>, spare: u64) -> Result<u64> {
+    match asked {
+        Some(r) if r > spare => Err(Error::Msg(format!(
+            "--ram-gb {:.2} does not fit: {:.2} GB is left after the fixed costs (see the memory plan); lower --ram-gb",
+            r as f64 / (1u64 << 30) as f64,
+            gb(spare)
+        ))),
+        Some(r) => Ok(r),
+        None => Ok((spare / 5).min(4 << 30)),
+    }
+}
+
 impl MemoryPlan {
     /// Computes the plan; an error names what does not fit and the flags that change it.
     pub fn new(i: &PlanInputs) -> Result<MemoryPlan> {
@@ -119,26 +163,7 @@ impl MemoryPlan {
         let reserve = reserve(limit);
         let budget = limit.saturating_sub(reserve);
         let copies = if i.device_copies { 2 } else { 1 };
-        let mut lines = vec![
-            (
-                "process baseline (code, inventory, tokenizer)".to_string(),
-                i.baseline,
-            ),
-            ("small tensors (norms, conv, gates)".into(), i.small_bytes),
-            ("lm_head and tail".into(), i.global_bytes * copies),
-            (
-                "activations (a prefill chunk or a verify pass)".into(),
-                i.activation_bytes,
-            ),
-            (
-                format!("expert reads in flight ({} experts)", i.expert_batch),
-                i.expert_batch as u64 * i.expert_bytes,
-            ),
-            (
-                format!("reader pool idle buffers ({})", i.pool_buffers),
-                i.pool_buffers as u64 * i.expert_bytes,
-            ),
-        ];
+        let mut lines = fixed_lines(i, copies);
         let states = 1 + i.saved_states as u64;
         let state_at = |ctx: usize| {
             states.saturating_mul(
@@ -185,18 +210,7 @@ impl MemoryPlan {
             return Err(too_small(big, floor, (budget, limit, reserve), source));
         }
         let spare = budget - floor;
-        let expert_ram = match i.expert_ram {
-            Some(r) if r > spare => {
-                return Err(Error::Msg(format!(
-                    "--ram-gb {:.2} does not fit: {:.2} GB is left after the fixed costs (see the memory plan); lower --ram-gb",
-                    r as f64 / (1u64 << 30) as f64,
-                    gb(spare)
-                )))
-            }
-            Some(r) => r,
-            // A fifth of what is left, at most 4 GiB: the rest pins layers.
-            None => (spare / 5).min(4 << 30),
-        };
+        let expert_ram = expert_tier(i.expert_ram, spare)?;
         let prefetch_cap = match (PREFETCH_EXPERTS * i.expert_bytes).min((spare - expert_ram) / 10)
         {
             // A cap below one expert could never start a read: prefetch is off.
@@ -229,6 +243,7 @@ impl MemoryPlan {
             prefill_pass,
             expert_ram,
             prefetch_cap,
+            prompt_cache: i.prompt_cache,
         })
     }
 
