@@ -164,25 +164,34 @@ fn resumes_bit_identically_on_slice() {
     resumes_exactly(d.path(), "K3-slice", 24, 8);
 }
 
+/// The shape of a restart check: a first prompt of `n` tokens with message ends `marks`, cut
+/// every `every`; after the restart a prompt sharing its first `keep` tokens plus `extra` more.
+struct Restart {
+    n: usize,
+    marks: [usize; 2],
+    every: usize,
+    keep: usize,
+    extra: usize,
+    max_new: usize,
+}
+
 /// After a restart the entries come from the directory; with speculation on the tokens are the
 /// same as plain decoding from the reference prefill.
-#[test]
-fn resumes_from_disk_after_restart_with_speculation() {
-    let root = common::nano();
+fn resumes_from_disk_after_restart(root: &Path, what: &str, r: Restart) {
     let dir = tempfile::tempdir().unwrap();
     let first;
     {
-        let e = engine(&root, Some(dir.path()), 64);
-        first = ids(&e, 200, 4);
-        e.prefill(&first, &[5, 90], &no_cancel()).unwrap().unwrap();
+        let e = engine(root, Some(dir.path()), r.every);
+        first = ids(&e, r.n, 4);
+        e.prefill(&first, &r.marks, &no_cancel()).unwrap().unwrap();
         let s = e.prompt_cache().unwrap().stats();
-        assert!(s.disk_entries >= 3, "written through: {s:?}");
+        assert!(s.disk_entries >= 3, "{what}: written through: {s:?}");
     }
-    let e = engine(&root, Some(dir.path()), 64);
-    let mut next = first[..150].to_vec();
-    next.extend(ids(&e, 60, 5));
+    let e = engine(root, Some(dir.path()), r.every);
+    let mut next = first[..r.keep].to_vec();
+    next.extend(ids(&e, r.extra, 5));
     let opts = GenerateOptions {
-        max_new: 12,
+        max_new: r.max_new,
         stop_ids: Vec::new(),
         speculation: Speculation {
             mode: SpecMode::Ngram,
@@ -192,17 +201,24 @@ fn resumes_from_disk_after_restart_with_speculation() {
     let (g, _) = e
         .generate(
             &next,
-            &[5, 90],
+            &r.marks,
             &opts,
             &no_cancel(),
             &mut |l: &[f32]| argmax(l),
             |_| {},
         )
         .unwrap();
-    let cached = g.cached;
-    assert_eq!(cached, 128, "the disk entry at the last cut before 150");
-    assert_eq!(e.prompt_cache().unwrap().stats().disk_hits, 1);
-    let (logits, mut st) = reference(&e, &next, &[5, 90], 64, cached);
+    let want_start = cut_points(r.n, &r.marks, r.every, 0)
+        .into_iter()
+        .filter(|&c| c <= r.keep)
+        .max()
+        .unwrap();
+    assert_eq!(
+        g.cached, want_start,
+        "{what}: the disk entry at the last cut before the divergence"
+    );
+    assert_eq!(e.prompt_cache().unwrap().stats().disk_hits, 1, "{what}");
+    let (logits, mut st) = reference(&e, &next, &r.marks, r.every, g.cached);
     let plain = GenerateOptions {
         speculation: Speculation::OFF,
         ..opts.clone()
@@ -219,8 +235,45 @@ fn resumes_from_disk_after_restart_with_speculation() {
             |_| {},
         )
         .unwrap();
-    assert_eq!(g.generated_ids, want.generated_ids);
-    assert!(g.first_step_top == want.first_step_top);
+    assert_eq!(g.generated_ids, want.generated_ids, "{what}");
+    assert!(g.first_step_top == want.first_step_top, "{what}");
+}
+
+#[test]
+fn resumes_from_disk_after_restart_with_speculation() {
+    let r = Restart {
+        n: 200,
+        marks: [5, 90],
+        every: 64,
+        keep: 150,
+        extra: 60,
+        max_new: 12,
+    };
+    resumes_from_disk_after_restart(&common::nano(), "K3-nano", r);
+    let r = Restart {
+        n: 200,
+        marks: [5, 90],
+        every: 64,
+        keep: 150,
+        extra: 60,
+        max_new: 12,
+    };
+    resumes_from_disk_after_restart(&deltafin::assets::k3_tiny().unwrap(), "K3-tiny", r);
+}
+
+#[test]
+fn resumes_from_disk_after_restart_on_slice() {
+    let d = tempfile::tempdir().unwrap();
+    deltafin::checkpoint::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
+    let r = Restart {
+        n: 24,
+        marks: [2, 10],
+        every: 8,
+        keep: 18,
+        extra: 6,
+        max_new: 4,
+    };
+    resumes_from_disk_after_restart(d.path(), "K3-slice", r);
 }
 
 fn entry_files(dir: &Path) -> Vec<std::path::PathBuf> {
