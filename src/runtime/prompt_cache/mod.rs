@@ -289,15 +289,35 @@ impl PromptCache {
         if ids.is_empty() || state.pos != ids.len() {
             return Ok(());
         }
-        let mut g = self.lock()?;
-        if let Some(dir) = self.opts.dir.clone() {
-            let known = g
-                .disk
-                .iter()
-                .any(|d| d.ids == ids && (d.has_logits || logits.is_none()));
-            if !known {
-                self.write_through(&mut g, &dir, ids, state, logits)?;
+        let write = match &self.opts.dir {
+            Some(dir) => {
+                let g = self.lock()?;
+                let known = g
+                    .disk
+                    .iter()
+                    .any(|d| d.ids == ids && (d.has_logits || logits.is_none()));
+                (!known).then(|| dir.join(file_name(ids)))
             }
+            None => None,
+        };
+        // The file is written outside the lock: a lookup never waits behind a save.
+        let written = match write {
+            Some(path) => {
+                let bytes = file::write(
+                    &path,
+                    &self.fingerprint,
+                    ids,
+                    state,
+                    logits,
+                    serde_json::Value::Null,
+                )?;
+                Some((path, bytes))
+            }
+            None => None,
+        };
+        let mut g = self.lock()?;
+        if let Some((path, bytes)) = written {
+            self.record_file(&mut g, ids, path, bytes, logits.is_some());
         }
         self.admit(
             &mut g,
@@ -308,24 +328,8 @@ impl PromptCache {
         Ok(())
     }
 
-    /// Writes one entry's file and trims the directory to its budget.
-    fn write_through(
-        &self,
-        g: &mut Inner,
-        dir: &Path,
-        ids: &[u32],
-        state: &SeqState,
-        logits: Option<&[f32]>,
-    ) -> Result<()> {
-        let path = dir.join(file_name(ids));
-        let bytes = file::write(
-            &path,
-            &self.fingerprint,
-            ids,
-            state,
-            logits,
-            serde_json::Value::Null,
-        )?;
+    /// Indexes a file just written and trims the directory to its budget.
+    fn record_file(&self, g: &mut Inner, ids: &[u32], path: PathBuf, bytes: u64, has_logits: bool) {
         g.disk.retain(|d| d.path != path);
         g.tick += 1;
         let used = g.tick;
@@ -333,7 +337,7 @@ impl PromptCache {
             ids: ids.to_vec(),
             path,
             bytes,
-            has_logits: logits.is_some(),
+            has_logits,
             used,
         });
         while g.disk.iter().map(|d| d.bytes).sum::<u64>() > self.opts.disk_bytes && g.disk.len() > 1
@@ -344,7 +348,6 @@ impl PromptCache {
             let d = g.disk.remove(old);
             let _ = std::fs::remove_file(&d.path);
         }
-        Ok(())
     }
 
     /// Puts an entry in RAM (replacing one with the same ids) and evicts the least recently
