@@ -5,6 +5,7 @@
 //! the crate root re-exports the three modules (`deltafin::engine`, `deltafin::generate`,
 //! `deltafin::memory`).
 
+pub mod batch;
 pub mod engine;
 pub mod generate;
 pub mod memory;

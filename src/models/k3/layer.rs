@@ -137,24 +137,28 @@ impl Layer {
     /// Layer `l` on a layer-major pass whose hidden state `h` is held as its prefill chunks
     /// (`[rows, H]` each): returns the new hidden state, chunk by chunk. Every row-wise op
     /// runs on one chunk at a time (the activations a chunk needs, as the chunk-major order
-    /// had), attention consumes the chunks in order, and the MoE reads each selected expert
-    /// once for the whole pass. `anchors` are the AttnRes block outputs so far, one chunk
-    /// list each (this layer adds one at a block boundary); `undo` (a verify pass, one chunk):
-    /// see `attention`. Events show the pass's last chunk.
+    /// had), attention consumes each chunk with the state of the sequence `owner[c]` of
+    /// `seqs` (a batched pass holds chunks of several sequences; a sequence's chunks come in
+    /// order), and the MoE reads each selected expert once for the whole pass. `anchors` are
+    /// the AttnRes block outputs so far, one chunk list each (this layer adds one at a block
+    /// boundary); a sequence's `undo` (a verify pass, one chunk): see `attention`. Events show
+    /// the pass's last chunk.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         l: usize,
         h: Vec<Tensor>,
         anchors: &mut Vec<Vec<Tensor>>,
-        state: &mut LayerState,
+        seqs: &mut [SeqLayer<'_>],
+        owner: &[usize],
         ld: &LayerData,
         cx: &PassCtx,
-        mut undo: Option<&mut Vec<LayerUndo>>,
     ) -> Result<Vec<Tensor>> {
         let obs = cx.observer;
-        if undo.is_some() && h.len() != 1 {
-            return Err(crate::Error::Msg("a verify pass runs as one chunk".into()));
+        if owner.len() != h.len() || owner.iter().any(|&o| o >= seqs.len()) {
+            return Err(crate::Error::Msg(
+                "every chunk of a pass needs a sequence".into(),
+            ));
         }
         let block = l.is_multiple_of(cx.block_size);
         let n = h.len();
@@ -176,7 +180,8 @@ impl Layer {
                 Some(hc)
             };
             let x = rms_norm(&a_in, &self.input_norm, cx.eps)?;
-            let o = self.attention(&x, state, cx.options, ld, undo.as_deref_mut())?;
+            let seq = &mut seqs[owner[c]];
+            let o = self.attention(&x, seq.state, cx.options, ld, seq.undo.as_deref_mut())?;
             let p = match prefix {
                 Some(pr) => (pr + &o)?,
                 None => o.clone(),
@@ -220,6 +225,14 @@ impl Layer {
         }
         Ok(h)
     }
+}
+
+/// One sequence's part of a layer in a pass: its state and, for a verify pass, its undo record.
+pub(super) struct SeqLayer<'a> {
+    /// The sequence's state of this layer.
+    pub state: &'a mut LayerState,
+    /// The verify pass's record (one chunk), else `None`.
+    pub undo: Option<&'a mut Vec<LayerUndo>>,
 }
 
 /// Chunk `c` of every anchor.

@@ -2,6 +2,7 @@
 //! its expert names and expert network (`names.rs`), from which the runtime learns K3's experts.
 
 pub mod attn_res;
+pub mod batch;
 pub mod fixture;
 pub mod forward;
 pub mod kda;
@@ -23,6 +24,7 @@ pub mod train;
 pub mod verify;
 pub mod weights;
 
+pub use batch::BatchItem;
 pub use forward::{Forward, Logits, Output};
 pub use kda::KdaMode;
 pub use mla::MlaMode;

@@ -8,7 +8,7 @@ use candle::{Device, Tensor};
 
 use super::attn_res::AttnRes;
 use super::forward::{Forward, Logits, Output};
-use super::layer::{column, with, Layer, PassCtx};
+use super::layer::{column, with, Layer, PassCtx, SeqLayer};
 use super::observe::{Both, Event, Observer, Observers, PrefillStep};
 use super::ops::rms_norm;
 use super::options::ModelOptions;
@@ -149,6 +149,16 @@ impl K3Model {
         &self.experts
     }
 
+    /// The observers attached to every pass.
+    pub(super) fn observers(&self) -> &Observers {
+        &self.observers
+    }
+
+    /// Number of decoder layers.
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
     /// Attaches an observer to every pass from now on.
     pub fn observe(&mut self, o: Arc<dyn Observer>) {
         self.observers.push(o);
@@ -232,11 +242,16 @@ impl K3Model {
                     read_now: read_before,
                 }),
             };
+            let mut seq = [PassSeq {
+                ids: pass,
+                state: &mut *state,
+                undo: None,
+            }];
             let out = match f.observer {
-                Some(o) => self.run_layers(pass, state, &Both(&self.observers, o), None, ctl)?,
-                None => self.run_layers(pass, state, &self.observers, None, ctl)?,
+                Some(o) => self.run_layers(&mut seq, &Both(&self.observers, o), ctl)?,
+                None => self.run_layers(&mut seq, &self.observers, ctl)?,
             };
-            let Some(hs) = out else {
+            let Some(hs) = out.and_then(|mut v| v.pop()) else {
                 if let Some(m) = mark {
                     state.rewind(m);
                 }
@@ -273,26 +288,26 @@ impl K3Model {
         f: &Forward<'_>,
     ) -> Result<Output> {
         let pos = state.pos;
-        let mut undo = Vec::with_capacity(self.layers.len());
-        let ctl = Control {
-            cancel: None,
-            prefill: None,
-        };
+        let mut seq = [PassSeq {
+            ids,
+            state,
+            undo: Some(Vec::with_capacity(self.layers.len())),
+        }];
+        let ctl = Control::default();
         let mut h = match f.observer {
-            Some(o) => {
-                let both = Both(&self.observers, o);
-                self.run_layers(ids, state, &both, Some(&mut undo), ctl)?
-            }
-            None => self.run_layers(ids, state, &self.observers, Some(&mut undo), ctl)?,
+            Some(o) => self.run_layers(&mut seq, &Both(&self.observers, o), ctl)?,
+            None => self.run_layers(&mut seq, &self.observers, ctl)?,
         }
+        .and_then(|mut v| v.pop())
         .ok_or_else(|| crate::Error::Msg("verify was cancelled".into()))?;
         let h = h
             .pop()
             .ok_or_else(|| crate::Error::Msg("verify got no rows".into()))?;
+        let [PassSeq { undo, .. }] = seq;
         let rollback = super::verify::Rollback {
             pos,
             rows: ids.len(),
-            layers: undo,
+            layers: undo.unwrap_or_default(),
         };
         Ok(Output {
             logits: self.tail(&h)?,
@@ -329,42 +344,47 @@ impl K3Model {
     }
 
     /// Final norm and `lm_head` over every row of `h` `[T, H]`: logits `[T, V]`.
-    fn tail(&self, h: &Tensor) -> Result<Tensor> {
+    pub(super) fn tail(&self, h: &Tensor) -> Result<Tensor> {
         let x = rms_norm(h, &self.final_norm, self.cfg.text().rms_norm_eps)?;
         let lm_head = self.spine.global().matrix_at(&self.lm_head)?;
         dense(&x, &lm_head)
     }
 
-    /// One layer-major pass over `ids`: every layer runs on all of them before the next, in
-    /// chunks of `options.prefill_chunk` rows (one chunk for a verify pass, `undo`). Returns the
-    /// tail AttnRes output per chunk (`[rows, H]` each), or `None` when `ctl.cancel` was set
-    /// between layers (the state then holds part of the pass: the caller rewinds it).
+    /// One layer-major pass over the rows of every sequence in `seqs`: every layer runs on
+    /// all of them before the next, in chunks of `options.prefill_chunk` rows (one chunk for a
+    /// sequence with an undo record, a verify pass). A sequence's chunks run in order with its
+    /// own state; every op computes a row the same way whatever else is in the pass, so each
+    /// sequence's rows are bit-identical to a pass of that sequence alone. Returns the tail
+    /// AttnRes output per chunk (`[rows, H]` each), grouped by sequence, or `None` when
+    /// `ctl.cancel` was set between layers (the states then hold part of the pass: the caller
+    /// rewinds them).
     pub(super) fn run_layers(
         &self,
-        ids: &[u32],
-        state: &mut SeqState,
+        seqs: &mut [PassSeq<'_>],
         obs: &dyn Observer,
-        mut undo: Option<&mut Vec<LayerUndo>>,
         ctl: Control,
-    ) -> Result<Option<Vec<Tensor>>> {
+    ) -> Result<Option<Vec<Vec<Tensor>>>> {
         let t = self.cfg.text();
-        if state.layers.len() != self.layers.len() {
-            return Err(crate::Error::Msg(format!(
-                "the sequence state has {} layers, the model {}",
-                state.layers.len(),
-                self.layers.len()
-            )));
+        let (mut h, mut owner) = (Vec::new(), Vec::new());
+        for (i, s) in seqs.iter().enumerate() {
+            if s.state.layers.len() != self.layers.len() {
+                return Err(crate::Error::Msg(format!(
+                    "the sequence state has {} layers, the model {}",
+                    s.state.layers.len(),
+                    self.layers.len()
+                )));
+            }
+            let chunk = match s.undo {
+                Some(_) => s.ids.len().max(1),
+                None => self.options.prefill_chunk.max(1),
+            };
+            for c in s.ids.chunks(chunk) {
+                h.push(self.spine.embed_rows(c)?); // [rows, H]
+                owner.push(i);
+            }
         }
-        let chunk = match undo {
-            Some(_) => ids.len().max(1),
-            None => self.options.prefill_chunk.max(1),
-        };
         self.experts.begin_token();
         let mut pass = self.spine.pass();
-        let mut h = ids
-            .chunks(chunk)
-            .map(|c| self.spine.embed_rows(c)) // [rows, H]
-            .collect::<Result<Vec<_>>>()?;
         let mut anchors: Vec<Vec<Tensor>> = Vec::new();
         let cx = PassCtx {
             block_size: t.attn_res_block_size,
@@ -373,14 +393,10 @@ impl K3Model {
             experts: self.experts.as_ref(),
             observer: obs,
         };
-        obs.on(
-            0,
-            &Event::PassStart {
-                first_pos: state.pos,
-                tokens: ids.len(),
-            },
-        );
-        for ((l, layer), st) in self.layers.iter().enumerate().zip(&mut state.layers) {
+        let tokens = seqs.iter().map(|s| s.ids.len()).sum();
+        let first_pos = seqs.first().map_or(0, |s| s.state.pos);
+        obs.on(0, &Event::PassStart { first_pos, tokens });
+        for (l, layer) in self.layers.iter().enumerate() {
             if ctl
                 .cancel
                 .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
@@ -390,7 +406,14 @@ impl K3Model {
             let ld = pass.layer(l)?;
             let (attn, ffn) = layer.kinds();
             obs.on(l, &Event::LayerReady { attn, ffn });
-            h = layer.forward(l, h, &mut anchors, st, &ld, &cx, undo.as_deref_mut())?;
+            let mut sl: Vec<SeqLayer> = seqs
+                .iter_mut()
+                .map(|s| SeqLayer {
+                    state: &mut s.state.layers[l],
+                    undo: s.undo.as_mut(),
+                })
+                .collect();
+            h = layer.forward(l, h, &mut anchors, &mut sl, &owner, &ld, &cx)?;
             if let Some(step) = ctl.prefill {
                 let read_now = self.bytes_read();
                 obs.on(
@@ -404,12 +427,23 @@ impl K3Model {
             }
         }
         obs.on(0, &Event::PassEnd);
-        state.pos += ids.len();
-        let out = h
-            .iter()
-            .enumerate()
-            .map(|(c, hc)| self.out_res.forward(&with(&column(&anchors, c), hc)))
-            .collect::<candle::Result<Vec<_>>>()?;
+        let mut out = vec![Vec::new(); seqs.len()];
+        for (c, hc) in h.iter().enumerate() {
+            out[owner[c]].push(self.out_res.forward(&with(&column(&anchors, c), hc))?);
+        }
+        for s in seqs.iter_mut() {
+            s.state.pos += s.ids.len();
+        }
         Ok(Some(out))
     }
+}
+
+/// One sequence's rows in a layer-major pass (`K3Model::run_layers`).
+pub(super) struct PassSeq<'a> {
+    /// The positions to consume.
+    pub ids: &'a [u32],
+    /// The sequence's state.
+    pub state: &'a mut SeqState,
+    /// A verify pass's undo record (one per layer, filled by the pass), else `None`.
+    pub undo: Option<Vec<LayerUndo>>,
 }

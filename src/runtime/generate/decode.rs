@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::{DepthController, Drafter, GenerateOptions, Generation, SpecStats, StopReason};
 use crate::models::k3::Rollback;
 
-/// The logits rows of one pass, the drafts fed after its first row, and its rollback.
-pub(super) struct Pass {
+/// The logits rows of one decode pass, the drafts fed after its first row, and its rollback.
+pub struct Pass {
     rows: Vec<Vec<f32>>,
     drafts: Vec<u32>,
     /// What keeps any prefix of a verify pass (`None` for a plain step or the prefill).
@@ -27,6 +27,19 @@ impl Pass {
             secs: 0.0,
             first: true,
         }
+    }
+
+    /// A decode pass's output (`[V]`, or `[T, V]` with a rollback) that took `secs`.
+    pub fn from_output(
+        out: crate::models::k3::Output,
+        drafts: Vec<u32>,
+        secs: f64,
+    ) -> crate::Result<Self> {
+        let rows = match out.rollback {
+            Some(_) => out.logits.to_vec2::<f32>()?,
+            None => vec![out.logits.to_vec1::<f32>()?],
+        };
+        Ok(Pass::new(rows, drafts, out.rollback, secs))
     }
 
     /// A decode pass that took `secs`.
@@ -59,7 +72,7 @@ pub(super) struct Emitter<'a, 'c> {
     pub on_token: &'a mut dyn FnMut(u32),
     pub out: &'a mut Generation,
     /// The prompt and every emitted token.
-    pub context: Vec<u32>,
+    pub context: &'a mut Vec<u32>,
 }
 
 /// What emitting one pass's rows did.

@@ -53,9 +53,12 @@ pub struct Generation {
 mod decode;
 pub mod draft;
 pub mod sample;
+mod seq;
 pub mod spec;
 
+pub use decode::Pass;
 pub use draft::{Drafter, NgramDrafter, TextDrafter, TextModel};
+pub use seq::{Io, SeqDecoder};
 pub use spec::{DepthController, SpecMode, SpecStats, Speculation};
 
 /// Index of the first maximal value (NaNs never win).
@@ -206,7 +209,7 @@ impl<'m> Generator<'m> {
         )
     }
 
-    /// The decoding loop from the prompt's last logits.
+    /// The decoding loop from the prompt's last logits: `SeqDecoder` between single passes.
     #[allow(clippy::too_many_arguments)]
     fn decode(
         &self,
@@ -217,84 +220,27 @@ impl<'m> Generator<'m> {
         choose: &mut dyn FnMut(&[f32]) -> u32,
         drafter: &mut dyn Drafter,
         on_token: &mut dyn FnMut(u32),
-        mut out: Generation,
+        out: Generation,
     ) -> Result<Generation> {
-        out.first_step_top = top_k(&logits, 10);
-        let t1 = Instant::now();
-        // Expanded MLA (the reference form) is not row-independent: no verify passes there.
-        let spec = match self.model.options.mla {
-            crate::models::k3::MlaMode::Compact => opts.speculation,
-            crate::models::k3::MlaMode::Expanded => spec::Speculation::OFF,
-        };
-        let mut ctl = DepthController::new(spec);
-        let context = out.prompt_ids.clone();
-        let mut emit = decode::Emitter {
-            opts,
-            cancel,
+        let mut d = SeqDecoder::new(self.model, out, &logits, opts);
+        let mut pass = Pass::first(logits);
+        let mut io = Io {
             choose,
             on_token,
-            out: &mut out,
-            context,
+            cancel,
         };
-        let mut pass = decode::Pass::first(logits);
-        loop {
-            let e = emit.rows(&pass);
-            if let Some(rb) = pass.rollback.take() {
-                emit.out.spec.rollback_bytes = emit.out.spec.rollback_bytes.max(rb.bytes());
-                // The state holds every emitted token but the last.
-                self.model.keep(rb, state, e.emitted)?;
-            }
-            if !pass.is_first() {
-                e.record(&pass, &mut ctl, &mut emit.out.spec, drafter);
-            }
-            if e.stopped || state.pos >= self.model.context_limit() {
-                break;
-            }
-            pass = self.next_pass(state, &emit, &mut ctl, drafter)?;
+        while !d.absorb(self.model, state, pass, drafter, io.reborrow())? {
+            let (ids, drafts) = d.next_ids(state, drafter);
+            // One step without drafts; a verify pass (with its undo record) with them.
+            let f = Forward {
+                undo: !drafts.is_empty(),
+                ..Default::default()
+            };
+            let (r, secs) = spec::timed(|| self.model.run(&ids, state, &f));
+            let out = r?.ok_or_else(|| crate::Error::Msg("a decode pass was cancelled".into()))?;
+            pass = Pass::from_output(out, drafts, secs)?;
         }
-        out.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
-        Ok(out)
-    }
-
-    /// Drafts after the emitted tokens (within the context and token limits) and runs the next
-    /// pass: one decode step without drafts, else a verify pass over the last token and them.
-    fn next_pass(
-        &self,
-        state: &mut SeqState,
-        emit: &decode::Emitter<'_, '_>,
-        ctl: &mut DepthController,
-        drafter: &mut dyn Drafter,
-    ) -> Result<decode::Pass> {
-        let vocab = self.model.config().text().vocab_size;
-        let limit = self.model.context_limit();
-        let context = &emit.context;
-        let last = context[context.len() - 1];
-        let room = (limit - state.pos).min(emit.opts.max_new - emit.out.generated_ids.len());
-        let k = ctl.depth().min(room - 1);
-        let drafts = if k > 0 {
-            let mut d = drafter.propose(context, k);
-            // A draft outside the vocabulary (another tokenizer) ends the proposal.
-            let ok = d.iter().take_while(|&&t| (t as usize) < vocab).count();
-            d.truncate(k.min(ok));
-            d
-        } else {
-            Vec::new()
-        };
-        let ids: Vec<u32> = std::iter::once(last)
-            .chain(drafts.iter().copied())
-            .collect();
-        // One step without drafts; a verify pass (with its undo record) with them.
-        let f = Forward {
-            undo: !drafts.is_empty(),
-            ..Default::default()
-        };
-        let (r, secs) = spec::timed(|| self.model.run(&ids, state, &f));
-        let out = r?.ok_or_else(|| crate::Error::Msg("a decode pass was cancelled".into()))?;
-        let rows = match out.rollback {
-            Some(_) => out.logits.to_vec2::<f32>()?,
-            None => vec![out.logits.to_vec1::<f32>()?],
-        };
-        Ok(decode::Pass::new(rows, drafts, out.rollback, secs))
+        Ok(d.finish())
     }
 }
 

@@ -1,0 +1,98 @@
+//! Batched passes: one `K3Model::run_batch` call consumes rows of several sequences, each with
+//! its own state, reading each spine layer once and each distinct selected expert once for all
+//! of them. Every op computes a row the same way whatever else is in the pass (dense kernels
+//! with a fixed reduction order, per-sequence attention on a fixed position grid, the KDA
+//! recurrence per position, the MoE per row), so each sequence's logits are bit-identical to
+//! running it alone. Owns the batch's bookkeeping; the math is `run_layers`'.
+
+use candle::Tensor;
+
+use super::forward::{Logits, Output};
+use super::model::{K3Model, PassSeq};
+use super::observe::{Both, Observer};
+use super::state::SeqState;
+use super::verify::Rollback;
+use crate::{Error, Result};
+
+/// One sequence's part of a batched pass.
+pub struct BatchItem<'a> {
+    /// The positions to consume (at most `ModelOptions::pass_len`).
+    pub ids: &'a [u32],
+    /// The sequence's state.
+    pub state: &'a mut SeqState,
+    /// Which logits to return (`undo` always returns every position's).
+    pub logits: Logits,
+    /// Keep the record that rewinds these rows to any prefix (a verify pass).
+    pub undo: bool,
+}
+
+impl K3Model {
+    /// One pass over the rows of every item: returns each item's logits (`[V]` for
+    /// `Logits::Last`, `[T, V]` otherwise) and, for an `undo` item, its rollback. Bit-identical
+    /// per item to `run` on that item alone. Not cancellable: a pass is one step of a batch.
+    pub fn run_batch(
+        &self,
+        items: &mut [BatchItem<'_>],
+        observer: Option<&dyn Observer>,
+    ) -> Result<Vec<Output>> {
+        let most = self.options.pass_len();
+        for it in items.iter() {
+            self.check_input(it.ids, it.state)?;
+            if it.ids.len() > most {
+                return Err(Error::Msg(format!(
+                    "a batched item holds {} positions; a pass holds at most {most}",
+                    it.ids.len()
+                )));
+            }
+        }
+        // (position before, rows, whether only the last row's logits are wanted) per item.
+        let shape: Vec<(usize, usize, bool)> = items
+            .iter()
+            .map(|it| {
+                (
+                    it.state.pos,
+                    it.ids.len(),
+                    !it.undo && it.logits == Logits::Last,
+                )
+            })
+            .collect();
+        let mut seqs: Vec<PassSeq> = items
+            .iter_mut()
+            .map(|it| PassSeq {
+                ids: it.ids,
+                state: &mut *it.state,
+                undo: it.undo.then(|| Vec::with_capacity(self.layer_count())),
+            })
+            .collect();
+        let ctl = Default::default();
+        let hs = match observer {
+            Some(o) => self.run_layers(&mut seqs, &Both(self.observers(), o), ctl)?,
+            None => self.run_layers(&mut seqs, self.observers(), ctl)?,
+        }
+        .ok_or_else(|| Error::Msg("a batched pass was cancelled".into()))?;
+        let undos: Vec<Option<Vec<_>>> = seqs.into_iter().map(|s| s.undo).collect();
+        // The rows whose logits are wanted, from every item, through one tail: the lm_head is
+        // read once for the pass (row-independent like every other dense op).
+        let mut rows = Vec::with_capacity(hs.len());
+        for (&(_, n, last), h) in shape.iter().zip(&hs) {
+            let all = Tensor::cat(h, 0)?; // [T, H]
+            rows.push(if last { all.narrow(0, n - 1, 1)? } else { all });
+        }
+        let logits = self.tail(&Tensor::cat(&rows, 0)?)?; // [R, V]
+        let mut at = 0;
+        let mut out = Vec::with_capacity(shape.len());
+        for ((pos, n, last), undo) in shape.into_iter().zip(undos) {
+            let take = if last { 1 } else { n };
+            let l = logits.narrow(0, at, take)?;
+            at += take;
+            let rollback = undo.map(|layers| Rollback {
+                pos,
+                rows: n,
+                layers,
+            });
+            let logits = if last { l.squeeze(0)? } else { l };
+            out.push(Output { logits, rollback });
+        }
+        Ok(out)
+    }
+}
