@@ -94,12 +94,12 @@ async fn launch(
 ) -> Result<Launched, ApiError> {
     // The request's max_tokens (else the endpoint's default), never above the server ceiling.
     let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
-    let ticket = reserve(st)?;
+    let place = reserve(st)?;
     let engine = st.engine.clone();
     // The place is held by the tokenizing thread itself: a client that leaves cannot free it
     // while its prompt is still being tokenized.
-    let ((ids, marks), ticket) =
-        tokio::task::spawn_blocking(move || (tokenize(engine.tokenizer()), ticket))
+    let ((ids, marks), place) =
+        tokio::task::spawn_blocking(move || (tokenize(engine.tokenizer()), place))
             .await
             .map_err(|e| ApiError {
                 status: 500,
@@ -119,7 +119,7 @@ async fn launch(
     }
     let (stream, include_usage) = (s.stream, s.include_usage);
     Ok(Launched {
-        rx: start(st.clone(), ticket, (ids, marks), max_new, s, chat),
+        rx: start(st.clone(), place, (ids, marks), max_new, s, chat),
         id: format!("{prefix}-{}", st.next_id.fetch_add(1, Ordering::SeqCst)),
         model: st.cfg.model_id.clone(),
         created: now(),

@@ -1,10 +1,11 @@
 //! An OpenAI-compatible server (axum) over an `Engine`: `/v1/models`, `/v1/chat/completions`,
-//! `/v1/completions`, streaming or not. One generation runs at a time; a bounded FIFO queue
-//! holds the next ones (429 with `Retry-After` when full). A place is reserved before the
+//! `/v1/completions`, streaming or not. Generations run on the engine's batch scheduler
+//! (`crate::runtime::batch`): up to `max_batch` share each pass, a bounded FIFO queue holds the
+//! next ones (429 with `Retry-After` only when both are full). A place is reserved before the
 //! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
-//! token. Files: `handlers` (the endpoints), `queue` (the slot, the FIFO and the generation
-//! thread, resuming from the engine's prompt cache), `sse` (streamed and collected responses),
+//! token. Files: `handlers` (the endpoints), `queue` (admission and the hand-off to the
+//! scheduler), `sse` (streamed and collected responses),
 //! `validate` (request bodies). This file holds the settings, the shared state and the router.
 
 mod handlers;
@@ -15,14 +16,13 @@ pub mod validate;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
+use crate::runtime::batch::{BatchOptions, Scheduler};
+use crate::Engine;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use tokio::sync::Semaphore;
-
-use crate::Engine;
 use validate::ApiError;
 
 /// Server settings.
@@ -34,8 +34,12 @@ pub struct ServerConfig {
     pub max_tokens: usize,
     /// Default new tokens for raw completions.
     pub completion_default: usize,
-    /// Requests that may wait for the generation slot.
+    /// Requests decoding at once in shared passes (0: the memory plan's `max_batch`, else 4).
+    pub max_batch: usize,
+    /// Requests that may wait beyond the batch.
     pub queue: usize,
+    /// Most prompt tokens one shared pass feeds beside the decode rows.
+    pub prefill_tokens: usize,
     /// Largest request body in bytes.
     pub body_limit: usize,
     /// Seconds between SSE comment keep-alives.
@@ -55,7 +59,9 @@ impl Default for ServerConfig {
             model_id: "deltafin-kimi-k3".into(),
             max_tokens: 32768,
             completion_default: 256,
+            max_batch: 0,
             queue: 0,
+            prefill_tokens: 256,
             body_limit: 16 << 20,
             keepalive_secs: 5,
             speculation: Default::default(),
@@ -69,8 +75,12 @@ impl Default for ServerConfig {
 pub struct AppState {
     engine: Arc<Engine>,
     cfg: ServerConfig,
-    slot: Arc<Semaphore>,
-    waiting: AtomicUsize,
+    /// The batch scheduler every generation runs on.
+    scheduler: Scheduler,
+    /// Requests decoding at once.
+    max_batch: usize,
+    /// Requests holding a batch or queue place (`queue::Place`).
+    places: AtomicUsize,
     next_id: AtomicUsize,
 }
 
@@ -88,13 +98,41 @@ impl AppState {
                 tracing::warn!("no prompt cache: {e}");
             }
         }
+        let max_batch = match cfg.max_batch {
+            0 => engine.model().plan().map_or(4, |p| p.max_batch),
+            n => n,
+        }
+        .max(1);
+        let engine = Arc::new(engine);
+        // Admission is the server's (`queue::reserve`); the scheduler's own queue has room
+        // for the requests that finished in the last pass but have not left it yet.
+        let opts = BatchOptions {
+            max_batch,
+            queue: cfg.queue + max_batch,
+            prefill_tokens: cfg.prefill_tokens,
+        };
+        tracing::info!(
+            "serving up to {max_batch} requests in shared passes, {} more queued",
+            cfg.queue
+        );
         Arc::new(AppState {
-            engine: Arc::new(engine),
+            scheduler: Scheduler::new(engine.clone(), opts),
+            engine,
             cfg,
-            slot: Arc::new(Semaphore::new(1)),
-            waiting: AtomicUsize::new(0),
+            max_batch,
+            places: AtomicUsize::new(0),
             next_id: AtomicUsize::new(1),
         })
+    }
+
+    /// Requests decoding at once.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// What the batch scheduler has done so far.
+    pub fn batch_stats(&self) -> crate::runtime::batch::BatchStats {
+        self.scheduler.stats()
     }
 }
 

@@ -1,110 +1,52 @@
-//! The server's one generation slot and its FIFO queue, and the generation itself on a
-//! blocking thread: admission (429 when full), waiting that stops when the client leaves, and
-//! cancellation at the next prefill chunk or token once the client is gone.
+//! Admission and the hand-off to the batch scheduler: a place is reserved before the prompt is
+//! tokenized (429 when every batch and queue place is taken), the request is submitted to the
+//! engine's `Scheduler`, and its tokens come back as text deltas. A client that goes away
+//! (its response dropped) cancels the request, which leaves the batch at the next pass.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 
 use super::validate::{ApiError, Sampling};
 use super::AppState;
 use crate::chat::{ChatSplitter, Delta};
 use crate::generate::sample::Sampler;
 use crate::generate::StopReason;
+use crate::runtime::batch::{Request, SeqEvent};
 use crate::tokenizer::StreamDecoder;
 use crate::GenerateOptions;
 
-/// A place in line: the slot now, or a reserved place in the queue.
-pub(super) enum Ticket {
-    Now(OwnedSemaphorePermit),
-    Queued(Waiting),
-}
+/// A reserved place (in the batch or its queue), given back when dropped.
+pub(super) struct Place(Arc<AppState>);
 
-/// Decrements the waiting count when a queued request leaves, however it leaves.
-pub(super) struct Waiting(Arc<AppState>);
-
-impl Drop for Waiting {
+impl Drop for Place {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.0.places.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// Takes the slot or a queue place at once; 429 when the queue is full.
-pub(super) fn reserve(st: &Arc<AppState>) -> Result<Ticket, ApiError> {
-    if let Ok(p) = st.slot.clone().try_acquire_owned() {
-        return Ok(Ticket::Now(p));
-    }
-    if st.waiting.fetch_add(1, Ordering::SeqCst) >= st.cfg.queue {
-        st.waiting.fetch_sub(1, Ordering::SeqCst);
-        return Err(ApiError {
-            status: 429,
-            message: "the server is busy and its queue is full; retry later".into(),
-            param: None,
-            kind: "rate_limit_error",
-        });
-    }
-    Ok(Ticket::Queued(Waiting(st.clone())))
-}
-
-/// Waits in line (FIFO: tokio's semaphore is fair) for the slot.
-async fn redeem(st: &AppState, t: Ticket) -> Result<OwnedSemaphorePermit, ApiError> {
-    match t {
-        Ticket::Now(p) => Ok(p),
-        Ticket::Queued(_w) => st.slot.clone().acquire_owned().await.map_err(|_| ApiError {
-            status: 503,
-            message: "server shutting down".into(),
-            param: None,
-            kind: "server_error",
-        }),
+fn busy() -> ApiError {
+    ApiError {
+        status: 429,
+        message: "the server is busy: every batch place and queue place is taken; retry later"
+            .into(),
+        param: None,
+        kind: "rate_limit_error",
     }
 }
 
-/// Waits for the slot, then generates; events flow as soon as they exist, so a streaming
-/// response (and its keep-alives) starts while the request is still queued. If the receiver
-/// goes away, waiting stops or the generation is cancelled at the next token.
-pub(super) fn start(
-    st: Arc<AppState>,
-    ticket: Ticket,
-    (ids, marks): (Vec<u32>, Vec<usize>),
-    max_new: usize,
-    s: Sampling,
-    chat: Option<bool>,
-) -> mpsc::UnboundedReceiver<Ev> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let permit = tokio::select! {
-            p = redeem(&st, ticket) => p,
-            _ = tx.closed() => return,
-        };
-        let permit = match permit {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = tx.send(Ev::Failed(e.message));
-                return;
-            }
-        };
-        let cancel = Arc::new(AtomicBool::new(false));
-        let mut inner = spawn_generation(st, permit, ids, marks, max_new, s, chat, cancel.clone());
-        // The client leaving (the response dropped) cancels at once, even mid-prefill.
-        loop {
-            tokio::select! {
-                ev = inner.recv() => match ev {
-                    Some(ev) => {
-                        if tx.send(ev).is_err() {
-                            break;
-                        }
-                    }
-                    None => return,
-                },
-                _ = tx.closed() => break,
-            }
-        }
-        cancel.store(true, Ordering::SeqCst);
-    });
-    rx
+/// Takes a place at once; 429 when `max_batch + queue` requests already hold one.
+pub(super) fn reserve(st: &Arc<AppState>) -> Result<Place, ApiError> {
+    let cap = st.max_batch + st.cfg.queue;
+    if st.places.fetch_add(1, Ordering::SeqCst) >= cap {
+        st.places.fetch_sub(1, Ordering::SeqCst);
+        return Err(busy());
+    }
+    Ok(Place(st.clone()))
 }
 
+/// An event for the response.
 pub(super) enum Ev {
     Delta(Delta),
     Done {
@@ -125,81 +67,113 @@ fn seed_of(s: &Sampling) -> u64 {
     })
 }
 
-/// Runs one generation on a blocking thread, sending deltas; stops when the receiver is gone.
-#[allow(clippy::too_many_arguments)]
-fn spawn_generation(
+/// Turns a request's token events into response events (on the scheduler's thread: token
+/// decoding and the chat splitter are cheap). The place is given back before the final event
+/// goes out, so a client that sends its next request as soon as this one completes finds it
+/// free (not a spurious 429).
+fn listener(
     st: Arc<AppState>,
-    permit: OwnedSemaphorePermit,
-    ids: Vec<u32>,
-    marks: Vec<usize>,
-    max_new: usize,
-    s: Sampling,
-    chat: Option<bool>,
+    place: Place,
+    tx: mpsc::UnboundedSender<Ev>,
     cancel: Arc<AtomicBool>,
-) -> mpsc::UnboundedReceiver<Ev> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::task::spawn_blocking(move || {
-        // Released before the final event goes out, so a client that sends its next request as
-        // soon as this one completes finds the slot free (not a spurious 429).
-        let mut permit = Some(permit);
-        let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
-        let mut dec = StreamDecoder::new();
-        let mut split = ChatSplitter::new(chat.unwrap_or(false));
-        let opts = GenerateOptions {
-            max_new,
-            stop_ids: vec![st.engine.eos()],
-            speculation: st.cfg.speculation,
-        };
-        let send = |d: Vec<Delta>, cancel: &AtomicBool| {
+    chat: Option<bool>,
+    ended: Arc<tokio::sync::Notify>,
+) -> impl FnMut(SeqEvent) + Send {
+    let mut place = Some(place);
+    let mut dec = StreamDecoder::new();
+    let mut split = ChatSplitter::new(chat.unwrap_or(false));
+    move |ev| {
+        let send = |d: Vec<Delta>| {
             for x in d {
                 if tx.send(Ev::Delta(x)).is_err() {
                     cancel.store(true, Ordering::SeqCst);
                 }
             }
         };
-        let res = st.engine.generate(
-            &ids,
-            &marks,
-            &opts,
-            &cancel,
-            &mut |l: &[f32]| sampler.choose(l),
-            |id| match chat {
-                Some(_) => send(split.push_id(st.engine.tokenizer(), &mut dec, id), &cancel),
-                None => send(
-                    vec![Delta::Content(dec.push(st.engine.tokenizer(), id))],
-                    &cancel,
-                ),
+        let tok = st.engine.tokenizer();
+        match ev {
+            SeqEvent::Token(id) => match chat {
+                Some(_) => send(split.push_id(tok, &mut dec, id)),
+                None => send(vec![Delta::Content(dec.push(tok, id))]),
             },
-        );
-        match res {
-            Ok((g, _)) => {
+            SeqEvent::Done(g) => {
                 let rest = dec.finish();
                 match chat {
                     Some(_) => {
                         let mut d = split.push(&rest);
                         d.extend(split.finish());
-                        send(d, &cancel);
+                        send(d);
                     }
-                    None => send(vec![Delta::Content(rest)], &cancel),
+                    None => send(vec![Delta::Content(rest)]),
                 }
                 let finish = if g.stop == StopReason::Stop {
                     "stop"
                 } else {
                     "length"
                 };
-                drop(permit.take());
+                drop(place.take());
                 let _ = tx.send(Ev::Done {
                     finish,
-                    prompt: ids.len(),
+                    prompt: g.prompt_ids.len(),
                     completion: g.generated_ids.len(),
                     cached: g.cached,
                 });
+                ended.notify_one();
             }
-            Err(e) => {
-                drop(permit.take());
-                let _ = tx.send(Ev::Failed(e.to_string()));
+            SeqEvent::Failed(m) => {
+                drop(place.take());
+                let _ = tx.send(Ev::Failed(m));
+                ended.notify_one();
             }
         }
+    }
+}
+
+/// Submits a request to the scheduler; events flow as soon as they exist, so a streaming
+/// response (and its keep-alives) starts while the request still waits for a batch place.
+/// When the receiver goes away, the request is cancelled.
+pub(super) fn start(
+    st: Arc<AppState>,
+    place: Place,
+    (ids, marks): (Vec<u32>, Vec<usize>),
+    max_new: usize,
+    s: Sampling,
+    chat: Option<bool>,
+) -> mpsc::UnboundedReceiver<Ev> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let ended = Arc::new(tokio::sync::Notify::new());
+    // The client leaving (the response dropped) cancels at once, even while waiting.
+    let (watch_tx, watch_cancel, watch_end) = (tx.clone(), cancel.clone(), ended.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = watch_tx.closed() => watch_cancel.store(true, Ordering::SeqCst),
+            _ = watch_end.notified() => {}
+        }
     });
+    let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
+    let req = Request {
+        ids,
+        marks,
+        opts: GenerateOptions {
+            max_new,
+            stop_ids: vec![st.engine.eos()],
+            speculation: st.cfg.speculation,
+        },
+        choose: Box::new(move |l: &[f32]| sampler.choose(l)),
+        on_event: Box::new(listener(
+            st.clone(),
+            place,
+            tx.clone(),
+            cancel.clone(),
+            chat,
+            ended,
+        )),
+        cancel,
+        drafter: None,
+    };
+    if let Err(e) = st.scheduler.submit(req) {
+        let _ = tx.send(Ev::Failed(e.to_string()));
+    }
     rx
 }

@@ -17,6 +17,15 @@ pub fn start(cfg: ServerConfig) -> SocketAddr {
 }
 
 pub fn start_with(cfg: ServerConfig, context: Option<usize>) -> SocketAddr {
+    start_state(cfg, context).0
+}
+
+/// A server and its state (for the batch scheduler's counts).
+#[allow(dead_code)]
+pub fn start_state(
+    cfg: ServerConfig,
+    context: Option<usize>,
+) -> (SocketAddr, std::sync::Arc<AppState>) {
     let dir = common::nano();
     let mut model = K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
     if let Some(c) = context {
@@ -27,6 +36,7 @@ pub fn start_with(cfg: ServerConfig, context: Option<usize>) -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();
+    let st = state.clone();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -38,7 +48,7 @@ pub fn start_with(cfg: ServerConfig, context: Option<usize>) -> SocketAddr {
             deltafin::server::serve(l, state).await.unwrap();
         });
     });
-    addr
+    (addr, st)
 }
 
 /// A minimal HTTP/1.1 client: returns (status, headers, body).

@@ -33,6 +33,9 @@ pub struct LoadOptions {
     pub resident_cap: Option<u64>,
     /// Extra sequence states the caller keeps.
     pub saved_states: usize,
+    /// Sequences decoding at once in shared passes, each state charged (None: the plan picks
+    /// up to 8; the server's `--max-batch`).
+    pub max_batch: Option<usize>,
     /// RAM the prompt cache's entries may hold (a line of the plan).
     pub prompt_cache: CacheRam,
     /// Spine format.
@@ -54,6 +57,7 @@ impl Default for LoadOptions {
             context: None,
             resident_cap: None,
             saved_states: 0,
+            max_batch: Some(1),
             prompt_cache: CacheRam::Off,
             spine: SpineChoice::Auto,
             store: TieredOptions::default(),
@@ -170,6 +174,7 @@ pub fn plan_for(
         context: o.context,
         max_context: cfg.text().max_position_embeddings.unwrap_or(usize::MAX),
         saved_states: o.saved_states,
+        batch: o.max_batch,
         prompt_cache: match o.prompt_cache {
             CacheRam::Off => 0,
             // Four snapshots of a 4,096-token sequence.

@@ -45,6 +45,8 @@ pub struct PlanInputs {
     pub max_context: usize,
     /// Extra sequence states kept (the server's saved conversation).
     pub saved_states: usize,
+    /// Sequences decoding at once in shared passes (`--max-batch`; None: the plan picks).
+    pub batch: Option<usize>,
     /// RAM for the prompt cache's entries (0: no cache).
     pub prompt_cache: u64,
     /// Activations of one prefill chunk.
@@ -95,7 +97,14 @@ pub struct MemoryPlan {
     pub prefetch_cap: u64,
     /// RAM for the prompt cache's entries.
     pub prompt_cache: u64,
+    /// Sequences that may decode at once in shared passes (each one's state is charged).
+    pub max_batch: usize,
 }
+
+/// Share of the budget the batch's sequence states may take when the plan picks the batch.
+const BATCH_SHARE: u64 = 4;
+/// Largest batch the plan picks on its own.
+const MAX_AUTO_BATCH: usize = 8;
 
 /// Share of the budget the sequence states may take when the plan picks the context.
 const STATE_SHARE: u64 = 10;
@@ -164,24 +173,32 @@ impl MemoryPlan {
         let budget = limit.saturating_sub(reserve);
         let copies = if i.device_copies { 2 } else { 1 };
         let mut lines = fixed_lines(i, copies);
-        let states = 1 + i.saved_states as u64;
-        let state_at = |ctx: usize| {
-            states.saturating_mul(
-                i.state_fixed
-                    .saturating_add((ctx as u64).saturating_mul(i.state_per_position)),
-            )
+        let one = |ctx: usize| {
+            i.state_fixed
+                .saturating_add((ctx as u64).saturating_mul(i.state_per_position))
         };
+        let state_at = |ctx: usize| (1 + i.saved_states as u64).saturating_mul(one(ctx));
         let context = choose_context(i, budget, &state_at)?;
+        // The batch: the caller's, else the most sequences (up to 8) whose states at the
+        // context fit a quarter of the budget.
+        let max_batch = match i.batch {
+            Some(b) => b.max(1),
+            None => (1..=MAX_AUTO_BATCH)
+                .rev()
+                .find(|&b| (b as u64).saturating_mul(one(context)) <= budget / BATCH_SHARE)
+                .unwrap_or(1),
+        };
+        let states = (max_batch + i.saved_states) as u64;
         lines.push((
             format!(
-                "sequence state at {context} tokens{}",
+                "sequence states ({max_batch} in a batch{}) at {context} tokens",
                 if i.saved_states > 0 {
-                    format!(" (+{} saved)", i.saved_states)
+                    format!(", +{} saved", i.saved_states)
                 } else {
                     String::new()
                 }
             ),
-            state_at(context),
+            states.saturating_mul(one(context)),
         ));
         // A cancelled prefill returns to the state before the turn: the KDA states are kept.
         lines.push((
@@ -244,6 +261,7 @@ impl MemoryPlan {
             expert_ram,
             prefetch_cap,
             prompt_cache: i.prompt_cache,
+            max_batch,
         })
     }
 

@@ -34,6 +34,7 @@ fn k3(limit: Option<u64>) -> PlanInputs {
         context: None,
         max_context: 1 << 20,
         saved_states: 0,
+        batch: Some(1),
         prompt_cache: 0,
         activation_bytes: 200_000_000,
         pass_row_bytes: 600_000,
@@ -190,4 +191,37 @@ fn prefill_pass_is_charged_and_sized_by_the_budget() {
     let mut i = k3(Some(64 * GB));
     i.context = Some(100);
     assert_eq!(MemoryPlan::new(&i).unwrap().prefill_pass, 64);
+}
+
+#[test]
+fn the_batch_is_charged_and_picked_from_the_budget() {
+    let st = |p: &MemoryPlan| {
+        p.lines
+            .iter()
+            .find(|l| l.what.starts_with("sequence state"))
+            .unwrap()
+            .bytes
+    };
+    let one = MemoryPlan::new(&k3(Some(64 * GB))).unwrap();
+    assert_eq!(one.max_batch, 1);
+    let mut i = k3(Some(64 * GB));
+    i.context = Some(one.context);
+    i.batch = Some(6);
+    let six = MemoryPlan::new(&i).unwrap();
+    assert_eq!(six.max_batch, 6);
+    assert_eq!(st(&six), 6 * st(&one), "each sequence's state is charged");
+    assert!(six.pinned_count() <= one.pinned_count());
+    // The plan's own choice: as many as fit a quarter of the budget, at most 8.
+    i.batch = None;
+    let auto = MemoryPlan::new(&i).unwrap();
+    let budget = auto.limit - auto.reserve;
+    assert!((1..=8).contains(&auto.max_batch));
+    assert!(st(&auto) <= budget / 4, "{auto}");
+    if auto.max_batch < 8 {
+        assert!(st(&auto) / auto.max_batch as u64 * (auto.max_batch as u64 + 1) > budget / 4);
+    }
+    // A batch that cannot fit is an error naming the largest costs.
+    i.batch = Some(4096);
+    let e = MemoryPlan::new(&i).unwrap_err().to_string();
+    assert!(e.contains("sequence states"), "{e}");
 }

@@ -53,8 +53,9 @@ pub fn load_engine_cached(
     root: &Path,
     store: &StoreArgs,
     cache: &PromptCacheArgs,
+    max_batch: Option<usize>,
 ) -> anyhow::Result<Engine> {
-    let mut engine = load_engine_with(root, store, 0, cache.ram()?)?;
+    let mut engine = load_engine_with(root, store, (0, max_batch), cache.ram()?)?;
     if cache.no_prompt_cache {
         return Ok(engine);
     }

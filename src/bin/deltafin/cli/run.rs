@@ -125,7 +125,9 @@ fn spec_report(
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
     let mut engine = match &a.cache.prompt_cache {
-        Some(_) if !a.cache.no_prompt_cache => load_engine_cached(&root, &a.store, &a.cache)?,
+        Some(_) if !a.cache.no_prompt_cache => {
+            load_engine_cached(&root, &a.store, &a.cache, Some(1))?
+        }
         _ => load_engine(&root, &a.store, 0)?,
     };
     let model = engine.model_mut();
@@ -385,9 +387,17 @@ pub struct ServeArgs {
     /// Hard ceiling on new tokens per request (also `K3_SERVER_MAX_TOKENS`).
     #[arg(long, env = "K3_SERVER_MAX_TOKENS", default_value_t = 32768)]
     pub max_tokens: usize,
-    /// Requests that may wait while one generates (beyond that: 429).
+    /// Requests decoding at once in shared passes (one spine read per pass for all of them);
+    /// 0: the memory plan's choice (up to 8 whose states fit a quarter of the budget).
     #[arg(long, default_value_t = 0)]
+    pub max_batch: usize,
+    /// Requests that may wait while the batch is full (beyond that: 429 with Retry-After).
+    #[arg(long, default_value_t = 16)]
     pub queue: usize,
+    /// Most prompt tokens one shared pass feeds beside the others' decode rows (a new
+    /// request's prefill is interleaved with the running decodes in pieces this long).
+    #[arg(long, default_value_t = 256)]
+    pub prefill_tokens: usize,
     /// Largest request body in MiB (beyond that: 413).
     #[arg(long, default_value_t = 16)]
     pub body_limit_mb: usize,
@@ -405,7 +415,8 @@ pub struct ServeArgs {
 /// Runs `deltafin serve`.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
-    let mut engine = load_engine_cached(&root, &a.store, &a.cache)?;
+    let batch = (a.max_batch > 0).then_some(a.max_batch);
+    let mut engine = load_engine_cached(&root, &a.store, &a.cache, batch)?;
     // Prefill progress: a line on stderr every few seconds (the SSE stream keeps its
     // keep-alives meanwhile).
     engine
@@ -415,6 +426,8 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         model_id: a.model_id.clone(),
         max_tokens: a.max_tokens.max(1),
         queue: a.queue,
+        max_batch: a.max_batch,
+        prefill_tokens: a.prefill_tokens.max(1),
         body_limit: a.body_limit_mb.max(1) << 20,
         speculation: a.spec.speculation(),
         default_effort: std::env::var("K3_REASONING_EFFORT").ok(),

@@ -101,6 +101,7 @@ impl StoreArgs {
             context: self.context,
             resident_cap: non_negative(self.spine_resident_gb, "--spine-resident-gb", 1e9)?,
             saved_states,
+            max_batch: Some(1),
             spine,
             store: TieredOptions {
                 readers: self.readers.max(1),
@@ -121,17 +122,19 @@ impl StoreArgs {
 /// Opens the engine under the memory plan and prints the startup report on stderr (the plan as
 /// a table, the device, the expert tiers and the spine).
 pub fn load_engine(root: &Path, store: &StoreArgs, saved_states: usize) -> anyhow::Result<Engine> {
-    load_engine_with(root, store, saved_states, CacheRam::Off)
+    load_engine_with(root, store, (saved_states, Some(1)), CacheRam::Off)
 }
 
-/// `load_engine` with a prompt-cache line in the plan.
+/// `load_engine` with a prompt-cache line in the plan, and the batch its states are charged
+/// for (`None`: the plan picks).
 pub fn load_engine_with(
     root: &Path,
     store: &StoreArgs,
-    saved_states: usize,
+    (saved_states, max_batch): (usize, Option<usize>),
     prompt_cache: CacheRam,
 ) -> anyhow::Result<Engine> {
     let mut load = store.load_options(saved_states)?;
+    load.max_batch = max_batch;
     load.prompt_cache = prompt_cache;
     let opts = EngineOptions {
         load,
