@@ -1,8 +1,9 @@
 """Drives a running deltafin server with the official `openai` Python package.
 
 Usage: python scripts/openai_client_check.py http://127.0.0.1:PORT/v1
-Checks models.list, a chat completion, a streamed chat completion (reading reasoning_content)
-and a completion. Exits non-zero on any failure.
+Checks models.list, a chat completion, a streamed chat completion (reading reasoning_content),
+a completion, and stop sequences (cut out of an unstopped answer, plain and streamed). Exits
+non-zero on any failure.
 """
 import sys
 
@@ -51,4 +52,20 @@ comp = client.completions.create(model="deltafin-kimi-k3", prompt="The capital o
 assert comp.choices[0].finish_reason in ("stop", "length")
 assert comp.usage.completion_tokens == 4, comp.usage
 
-print("openai client check: models, chat, streamed chat (reasoning_content), completion: ok")
+full = client.completions.create(model="deltafin-kimi-k3", prompt="Once upon a time", max_tokens=30)
+text = full.choices[0].text
+assert len(text) > 12, text
+stop = text[8:11]
+want = text[: text.find(stop)]
+cut = client.completions.create(model="deltafin-kimi-k3", prompt="Once upon a time", max_tokens=30, stop=[stop])
+assert cut.choices[0].text == want and cut.choices[0].finish_reason == "stop", (cut, want)
+streamed, finish = "", None
+for chunk in client.completions.create(
+    model="deltafin-kimi-k3", prompt="Once upon a time", max_tokens=30, stop=stop, stream=True
+):
+    for c in chunk.choices:
+        streamed += c.text or ""
+        finish = c.finish_reason or finish
+assert (streamed, finish) == (want, "stop"), (streamed, finish, want)
+
+print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop: ok")

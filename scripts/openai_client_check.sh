@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Starts `deltafin serve` on K3-nano and drives it with the official openai Python package,
-# installed from PyPI into a temporary virtualenv. Run by .ci/run.
+# installed from PyPI into a temporary virtualenv; then the load test (scripts/load_check.py):
+# 32 concurrent clients against `deltafin serve --max-batch 8` on the built-in K3-tiny. Run by
+# .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
-trap 'if [ -n "${server:-}" ]; then kill "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
+trap 'for p in ${server:-} ${server2:-} ${server3:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 bin=target/release/deltafin
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture nano "$work/nano" 2>/dev/null
@@ -18,3 +20,23 @@ done
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet openai
 "$work/venv/bin/python" scripts/openai_client_check.py "http://127.0.0.1:$port/v1"
+kill "$server" 2>/dev/null || true
+port2=$((port + 1))
+"$bin" serve --port "$port2" --max-batch 8 --queue 16 2>"$work/server2.log" &
+server2=$!
+# The alone answers come from a server that runs one request at a time and keeps no prompt
+# cache: nothing the concurrent run computed can reach them.
+port3=$((port + 2))
+"$bin" serve --port "$port3" --max-batch 1 --queue 1 --no-prompt-cache 2>"$work/server3.log" &
+server3=$!
+for p in "$port2" "$port3"; do
+  for _ in $(seq 1 150); do
+    if curl -sf "http://127.0.0.1:$p/v1/models" >/dev/null; then break; fi
+    sleep 0.2
+  done
+done
+"$work/venv/bin/python" scripts/load_check.py "http://127.0.0.1:$port2/v1" 32 \
+  "http://127.0.0.1:$port3/v1" || {
+  tail -20 "$work/server2.log" "$work/server3.log"
+  exit 1
+}

@@ -130,7 +130,10 @@ fn errors_fail_closed() {
     bad(json!({"messages": m, "frobnicate": 1}), "frobnicate");
     bad(json!({"messages": m, "tools": []}), "tools");
     bad(json!({"messages": m, "n": 2}), "n");
-    bad(json!({"messages": m, "stop": ["\n"]}), "stop");
+    bad(
+        json!({"messages": m, "stop": ["a", "b", "c", "d", "e"]}),
+        "stop",
+    );
     bad(json!({"messages": m, "logprobs": true}), "logprobs");
     bad(json!({"messages": []}), "messages");
     bad(

@@ -269,6 +269,47 @@ fn rows_in_flight(m: &DenseMatrix, r0: usize, n: usize, x: &[f32], out: &mut [f3
     0
 }
 
+/// Several input rows (a batched pass, a prefill chunk): rows `r0..r0+n` four at a time against
+/// up to four inputs at a time with the AVX-512 block kernel (16 lane chains in flight, each
+/// chunk of weights widened once per four inputs); writes `out[t * n + k]` and returns how many
+/// leading rows it computed (0 where the kernel is unavailable).
+fn rows_batched(m: &DenseMatrix, r0: usize, n: usize, xs: &[&[f32]], out: &mut [f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        use super::dense_x86::dot_block;
+        const R: usize = 4;
+        let t = xs.len();
+        let mut block = [0f32; R * 4];
+        let mut k = 0;
+        while k + R <= n {
+            let mut t0 = 0;
+            while t0 < t {
+                let nt = (t - t0).min(4);
+                let x = &xs[t0..t0 + nt];
+                // SAFETY: AVX-512F was detected; rows r0+k..r0+k+R exist, every input row has
+                // m.cols values (checked by `gemm`) and `block` holds R·nt values.
+                unsafe {
+                    match nt {
+                        4 => dot_block::<R, 4>(m, r0 + k, x, &mut block),
+                        3 => dot_block::<R, 3>(m, r0 + k, x, &mut block),
+                        2 => dot_block::<R, 2>(m, r0 + k, x, &mut block),
+                        _ => dot_block::<R, 1>(m, r0 + k, x, &mut block),
+                    }
+                }
+                for tt in 0..nt {
+                    out[(t0 + tt) * n + k..(t0 + tt) * n + k + R]
+                        .copy_from_slice(&block[tt * R..(tt + 1) * R]);
+                }
+                t0 += nt;
+            }
+            k += R;
+        }
+        return k;
+    }
+    let _ = (m, r0, n, xs, out);
+    0
+}
+
 /// Least work (weight bytes × rows of input) worth splitting across threads.
 const PARALLEL_MIN_BYTES: usize = 256 << 10;
 const ROW_TILE: usize = 32;
@@ -294,7 +335,7 @@ pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()>
         let done = if t == 1 {
             rows_in_flight(m, r0, n, xr[0], out)
         } else {
-            0
+            rows_batched(m, r0, n, &xr, out)
         };
         for k in done..n {
             m.dot_row_multi(r0 + k, &xr, &mut one);
@@ -345,90 +386,5 @@ pub fn quantize_row_int8(row: &[f32]) -> (Vec<i8>, half::f16) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::checkpoint::rng::Rng;
-
-    #[test]
-    fn int8_rule_exact_bytes() {
-        // amax 127 → scale exactly 1: ties at .5 round to even.
-        let (q, s) = quantize_row_int8(&[127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -127.0]);
-        assert_eq!(q, vec![127, 2, 4, -2, 0, 0, 2, -127]);
-        assert_eq!(s.to_f32(), 1.0);
-        let (q, s) = quantize_row_int8(&[0.0; 5]);
-        assert_eq!(q, vec![0; 5]);
-        assert_eq!(s.to_f32(), 1.0);
-        // amax 254 → scale 2: 5 → 2.5 → 2, 7 → 3.5 → 4
-        let (q, s) = quantize_row_int8(&[254.0, 5.0, 7.0, -254.0]);
-        assert_eq!(q, vec![127, 2, 4, -127]);
-        assert_eq!(s.to_f32(), 2.0);
-    }
-
-    #[test]
-    fn gemm_matches_f64_and_is_row_exact() {
-        let mut rng = Rng::new(4);
-        let (rows, cols) = (70, 45);
-        let w: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
-        let bf: Vec<u8> = w
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect();
-        let f: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let mut q = Vec::new();
-        let mut sc = Vec::new();
-        for r in 0..rows {
-            let (qq, s) = quantize_row_int8(&w[r * cols..(r + 1) * cols]);
-            q.extend(qq.iter().map(|v| *v as u8));
-            sc.extend(s.to_le_bytes());
-        }
-        let t = 3;
-        let xs: Vec<f32> = (0..t * cols).map(|_| rng.normal() as f32).collect();
-        for data in [
-            DenseData::F32(&f),
-            DenseData::Bf16(&bf),
-            DenseData::I8 { q: &q, scales: &sc },
-        ] {
-            let m = DenseMatrix::new(data, rows, cols).unwrap();
-            let mut ys = vec![0f32; t * rows];
-            gemm(&m, &xs, t, &mut ys).unwrap();
-            for tt in 0..t {
-                let mut one = vec![0f32; rows];
-                gemm(&m, &xs[tt * cols..(tt + 1) * cols], 1, &mut one).unwrap();
-                assert!(one
-                    .iter()
-                    .zip(&ys[tt * rows..])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()));
-                for (r, got) in one.iter().enumerate() {
-                    let exact: f64 = (0..cols)
-                        .map(|c| m.get(r, c) as f64 * xs[tt * cols + c] as f64)
-                        .sum();
-                    let mag: f64 = (0..cols)
-                        .map(|c| (m.get(r, c) as f64 * xs[tt * cols + c] as f64).abs())
-                        .sum();
-                    assert!((*got as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "{data:?}");
-                }
-            }
-        }
-        assert!(DenseMatrix::new(DenseData::Bf16(&bf[1..]), rows, cols).is_err());
-        // The SIMD kernel equals the portable one bit for bit.
-        for data in [
-            DenseData::F32(&f),
-            DenseData::Bf16(&bf),
-            DenseData::I8 { q: &q, scales: &sc },
-        ] {
-            let m = DenseMatrix::new(data, rows, cols).unwrap();
-            let xr: Vec<&[f32]> = xs.chunks(cols).collect();
-            for r in 0..rows {
-                let mut multi = vec![0f32; t];
-                m.dot_row_multi(r, &xr, &mut multi);
-                for (tt, v) in multi.iter().enumerate() {
-                    assert_eq!(
-                        v.to_bits(),
-                        m.dot_row(r, xr[tt]).to_bits(),
-                        "row {r} input {tt}"
-                    );
-                }
-            }
-        }
-    }
-}
+#[path = "dense_tests.rs"]
+mod tests;

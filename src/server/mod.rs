@@ -11,6 +11,7 @@
 mod handlers;
 mod queue;
 mod sse;
+pub mod stop;
 pub mod validate;
 
 use std::sync::atomic::AtomicUsize;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
 use crate::chat::{ChatSplitter, Delta};
@@ -78,35 +79,61 @@ fn listener(
     cancel: Arc<AtomicBool>,
     chat: Option<bool>,
     ended: Arc<tokio::sync::Notify>,
+    stops: Vec<String>,
 ) -> impl FnMut(SeqEvent) + Send {
     let mut place = Some(place);
     let mut dec = StreamDecoder::new();
     let mut split = ChatSplitter::new(chat.unwrap_or(false));
+    let mut stop = StopMatcher::new(stops);
+    // Tokens up to the one that completed a stop sequence (the rest are dropped).
+    let mut counted = 0usize;
     move |ev| {
-        let send = |d: Vec<Delta>| {
+        // Content passes through the stop matcher (reasoning does not); a match cancels the
+        // request, which leaves the batch at the next pass.
+        let send = |d: Vec<Delta>, stop: &mut StopMatcher| {
             for x in d {
+                let x = match x {
+                    Delta::Content(t) => Delta::Content(stop.push(&t)),
+                    _ if stop.matched() => continue,
+                    r => r,
+                };
+                if matches!(&x, Delta::Content(t) if t.is_empty()) {
+                    continue;
+                }
                 if tx.send(Ev::Delta(x)).is_err() {
                     cancel.store(true, Ordering::SeqCst);
                 }
             }
+            if stop.matched() {
+                cancel.store(true, Ordering::SeqCst);
+            }
         };
         let tok = st.engine.tokenizer();
         match ev {
-            SeqEvent::Token(id) => match chat {
-                Some(_) => send(split.push_id(tok, &mut dec, id)),
-                None => send(vec![Delta::Content(dec.push(tok, id))]),
-            },
+            SeqEvent::Token(_) if stop.matched() => {}
+            SeqEvent::Token(id) => {
+                counted += 1;
+                match chat {
+                    Some(_) => send(split.push_id(tok, &mut dec, id), &mut stop),
+                    None => send(vec![Delta::Content(dec.push(tok, id))], &mut stop),
+                }
+            }
             SeqEvent::Done(g) => {
                 let rest = dec.finish();
-                match chat {
+                let d = match chat {
                     Some(_) => {
                         let mut d = split.push(&rest);
                         d.extend(split.finish());
-                        send(d);
+                        d
                     }
-                    None => send(vec![Delta::Content(rest)]),
+                    None => vec![Delta::Content(rest)],
+                };
+                send(d, &mut stop);
+                let tail = stop.finish();
+                if !tail.is_empty() {
+                    let _ = tx.send(Ev::Delta(Delta::Content(tail)));
                 }
-                let finish = if g.stop == StopReason::Stop {
+                let finish = if g.stop == StopReason::Stop || stop.matched() {
                     "stop"
                 } else {
                     "length"
@@ -115,7 +142,11 @@ fn listener(
                 let _ = tx.send(Ev::Done {
                     finish,
                     prompt: g.prompt_ids.len(),
-                    completion: g.generated_ids.len(),
+                    completion: if stop.matched() {
+                        counted
+                    } else {
+                        g.generated_ids.len()
+                    },
                     cached: g.cached,
                 });
                 ended.notify_one();
@@ -152,6 +183,7 @@ pub(super) fn start(
         }
     });
     let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
+    let stop = s.stop.clone();
     let req = Request {
         ids,
         marks,
@@ -168,6 +200,7 @@ pub(super) fn start(
             cancel.clone(),
             chat,
             ended,
+            stop,
         )),
         cancel,
         drafter: None,

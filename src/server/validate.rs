@@ -50,6 +50,8 @@ pub struct Sampling {
     pub top_p: f64,
     /// Seed for sampling.
     pub seed: Option<u64>,
+    /// Stop sequences (up to 4), matched on the decoded text.
+    pub stop: Vec<String>,
 }
 
 /// A validated chat request.
@@ -141,11 +143,7 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
             return Err(ApiError::bad("n", "only n = 1 is supported"));
         }
     }
-    match m.get("stop") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(_) => return Err(ApiError::bad("stop", "stop sequences are not supported")),
-    }
+    let stop = stop_sequences(m.get("stop"))?;
     match m.get("logprobs") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => {}
         Some(_) => return Err(ApiError::bad("logprobs", "logprobs are not supported")),
@@ -218,7 +216,30 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
         temperature,
         top_p,
         seed,
+        stop,
     })
+}
+
+/// `stop`: a string or a list of up to 4 non-empty strings.
+fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let bad = |m: &str| ApiError::bad("stop", m);
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(String::from))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("`stop` must be a string or a list of strings"))?,
+        Some(_) => return Err(bad("`stop` must be a string or a list of strings")),
+    };
+    if list.len() > 4 {
+        return Err(bad("`stop` holds at most 4 sequences"));
+    }
+    if list.iter().any(|s| s.is_empty()) {
+        return Err(bad("a stop sequence must not be empty"));
+    }
+    Ok(list)
 }
 
 fn text_content(v: &Value, field: &str) -> Result<String, ApiError> {

@@ -99,6 +99,7 @@ pub fn sse_data(body: &str) -> Vec<String> {
 }
 
 /// Opens a streaming chat request and returns the socket (the response is read by the caller).
+#[allow(dead_code)]
 pub fn open_stream(addr: SocketAddr, max_tokens: usize) -> TcpStream {
     let body = json!({"messages": [{"role": "user", "content": "go"}], "stream": true, "max_tokens": max_tokens}).to_string();
     let mut s = TcpStream::connect(addr).unwrap();

@@ -65,7 +65,12 @@ impl Active {
             return None;
         }
         let model = engine.model();
-        if let Err(e) = model.check_input(&req.ids, &model.new_state()) {
+        // Checked here, not in the pass: one bad request must not fail the others' pass.
+        let empty = SeqState {
+            pos: 0,
+            layers: Vec::new(),
+        };
+        if let Err(e) = model.check_input(&req.ids, &empty) {
             (req.on_event)(SeqEvent::Failed(e.to_string()));
             return None;
         }
@@ -235,16 +240,29 @@ impl Active {
             cuts.pop_front();
         }
         let cache = engine.prompt_cache();
+        // A cache that cannot save (a full disk) costs later requests a prefill, never this
+        // one its answer.
+        let save = |ids: &[u32], logits: Option<&[f32]>| {
+            if let Some(c) = cache {
+                if let Err(e) = c.insert(ids, &self.state, logits) {
+                    tracing::warn!("prompt cache: {e}");
+                }
+            }
+        };
         if at < self.req.ids.len() {
-            if let (Some(c), true) = (cache, reached) {
-                c.insert(&self.req.ids[..at], &self.state, None)?;
+            if reached {
+                save(&self.req.ids[..at], None);
             }
             return Ok(());
         }
         let logits = logits.to_vec1::<f32>()?;
-        if let Some(c) = cache {
-            c.insert(&self.req.ids, &self.state, Some(&logits))?;
-        }
+        save(&self.req.ids, Some(&logits));
+        tracing::debug!(
+            "prefilled {} tokens ({} from the prompt cache) in {:.2} s",
+            self.req.ids.len(),
+            self.cached,
+            self.t0.elapsed().as_secs_f64()
+        );
         self.start_decode(engine, logits);
         Ok(())
     }

@@ -174,15 +174,21 @@ impl Scheduler {
     /// Queues a request (it joins the batch when a place is free, first come, first served);
     /// refused when every batch and queue place is taken.
     pub fn submit(&self, req: Request) -> Result<(), SubmitError> {
+        self.submit_all(vec![req])
+    }
+
+    /// Queues several requests at once (all or none), so they are admitted together when
+    /// there is room: their prompts can then share the first pass.
+    pub fn submit_all(&self, reqs: Vec<Request>) -> Result<(), SubmitError> {
         let mut q = self.shared.lock();
         if q.shutdown || self.thread.is_none() {
             return Err(SubmitError::Closed);
         }
         let (active, waiting) = (q.stats.active, q.pending.len());
-        if active + waiting >= self.shared.opts.max_batch + self.shared.opts.queue {
+        if active + waiting + reqs.len() > self.shared.opts.max_batch + self.shared.opts.queue {
             return Err(SubmitError::Busy { active, waiting });
         }
-        q.pending.push_back(req);
+        q.pending.extend(reqs);
         q.stats.waiting = q.pending.len();
         self.shared.cv.notify_all();
         Ok(())
@@ -199,7 +205,11 @@ impl Drop for Scheduler {
         self.shared.lock().shutdown = true;
         self.shared.cv.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The last owner may be a request's listener on the scheduler thread itself (a
+            // server whose state a finishing request held): that thread ends on its own.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }

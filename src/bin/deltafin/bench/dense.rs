@@ -1,5 +1,7 @@
-//! `bench dense`: the spine GEMV (one input row, as in decode) on K3-size matrices against the
-//! memory read bandwidth measured in the same run, for row-int8 and BF16.
+//! `bench dense`: the spine GEMV (one input row, as in decode, or several, as in a batched
+//! pass) on K3-size matrices against the memory read bandwidth measured in the same run, for
+//! row-int8 and BF16. With several rows the figure is the weight bytes per second (each
+//! weight is read once per call) and the time per input row.
 
 use rayon::prelude::*;
 
@@ -21,6 +23,8 @@ pub struct DenseBenchOptions {
     pub runs: usize,
     /// Thread counts to measure.
     pub threads: Vec<usize>,
+    /// Input rows per call.
+    pub rows: Vec<usize>,
 }
 
 impl Default for DenseBenchOptions {
@@ -29,6 +33,7 @@ impl Default for DenseBenchOptions {
             working_set: 1 << 30,
             runs: 5,
             threads: vec![1, 2],
+            rows: vec![1],
         }
     }
 }
@@ -43,7 +48,8 @@ pub fn dense_bench(
     let mut rng = Rng::new(2);
     let w: Vec<f32> = (0..COLS).map(|_| rng.normal() as f32 * 0.02).collect();
     let (qrow, sc) = quantize_row_int8(&w);
-    let x: Vec<f32> = (0..COLS).map(|_| rng.normal() as f32).collect();
+    let most = opts.rows.iter().copied().max().unwrap_or(1);
+    let x: Vec<f32> = (0..COLS * most).map(|_| rng.normal() as f32).collect();
     let words: Vec<u64> = (0..opts.working_set / 8).map(|i| i as u64).collect();
     for format in ["int8", "bf16"] {
         let elem = if format == "int8" { 1 } else { 2 };
@@ -80,22 +86,27 @@ pub fn dense_bench(
             "matrices": n, "working_set_gb": gb, "runs": opts.runs}),
         );
         for &t in &opts.threads {
-            let p = pool(t)?;
-            let fig = p.install(|| {
-                let mut y = vec![0f32; ROWS];
-                against_memory(&words, opts.runs, gb, || {
-                    for m in &mats {
-                        gemm(m, &x, 1, &mut y)?;
-                        std::hint::black_box(&y);
-                    }
-                    Ok(())
-                })
-            })?;
-            let mut j = fig.json();
-            j["figure"] = "dense_gemv_gbps".into();
-            j["format"] = format.into();
-            j["threads"] = t.into();
-            emit(j);
+            for &r in &opts.rows {
+                let p = pool(t)?;
+                let fig = p.install(|| {
+                    let mut y = vec![0f32; ROWS * r];
+                    against_memory(&words, opts.runs, gb, || {
+                        for m in &mats {
+                            gemm(m, &x[..COLS * r], r, &mut y)?;
+                            std::hint::black_box(&y);
+                        }
+                        Ok(())
+                    })
+                })?;
+                let mut j = fig.json();
+                j["figure"] = "dense_gemv_gbps".into();
+                j["format"] = format.into();
+                j["threads"] = t.into();
+                j["rows"] = r.into();
+                // Seconds per input row over the whole set, from the median rate.
+                j["ms_per_row"] = (gb / fig.kernel.median / r as f64 * 1e3).into();
+                emit(j);
+            }
         }
     }
     Ok(())

@@ -8,6 +8,7 @@ pub mod homes;
 pub mod mapped;
 pub mod prefill;
 pub mod prompt_cache;
+pub mod serve;
 pub mod speculate;
 pub mod spine;
 

@@ -160,8 +160,46 @@ pub enum BenchKind {
         #[arg(long)]
         oracle_drafts: bool,
     },
-    /// Spine GEMV (row-int8 and BF16, one input row) on K3-size matrices vs the measured memory
-    /// read bandwidth.
+    /// Concurrent streams through the batch scheduler: aggregate tokens/s, per-request ms per
+    /// token (median, p95), spine and expert bytes per emitted token for each batch size, the
+    /// ratio to one stream beside the byte formula's, and the decode gaps a newcomer's
+    /// interleaved prefill adds.
+    Serve {
+        /// Model directory (default: the built-in K3-tiny).
+        #[arg(long)]
+        model_root: Option<PathBuf>,
+        /// Concurrent streams to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        batches: Vec<usize>,
+        /// Prompt tokens per stream.
+        #[arg(long, default_value_t = 16)]
+        prompt_len: usize,
+        /// Tokens decoded per stream.
+        #[arg(long, default_value_t = 8)]
+        decode: usize,
+        /// Timed runs per batch size (interleaved).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Pin no spine layer (every layer streamed through the template buffers).
+        #[arg(long)]
+        stream_spine: bool,
+        /// Drop the model's files from the page cache at every pass, no expert RAM tier:
+        /// every byte from the disk, as on a machine smaller than the model.
+        #[arg(long)]
+        cold_spine: bool,
+        /// Prompt tokens of the newcomer whose prefill is interleaved with two decoding
+        /// streams (0: skip that figure).
+        #[arg(long, default_value_t = 512)]
+        interleave_prompt: usize,
+        /// Prompt tokens per pass beside the decode rows (the server's --prefill-tokens).
+        #[arg(long, default_value_t = 256)]
+        prefill_tokens: usize,
+        /// Draw prompt ids below this (the full-shape fixture's data rows: 4096).
+        #[arg(long)]
+        id_max: Option<u32>,
+    },
+    /// Spine GEMV (row-int8 and BF16, one input row or several) on K3-size matrices vs the
+    /// measured memory read bandwidth.
     Dense {
         /// GB of matrices per format.
         #[arg(long, default_value_t = 1.0)]
@@ -172,6 +210,9 @@ pub enum BenchKind {
         /// Thread counts to measure, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,2")]
         threads: Vec<usize>,
+        /// Input rows per call (1: decode; more: a batched pass), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        rows: Vec<usize>,
     },
     /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
     Mxfp4 {
@@ -251,6 +292,52 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 no_snapshot,
             };
             crate::bench::prompt_cache::prompt_cache_bench(&root, &o, |l| println!("{l}"))?;
+        }
+        BenchKind::Serve {
+            model_root,
+            batches,
+            prompt_len,
+            decode,
+            runs,
+            stream_spine,
+            cold_spine,
+            interleave_prompt,
+            prefill_tokens,
+            id_max,
+        } => {
+            let root = match model_root {
+                Some(r) => r,
+                None => deltafin::assets::k3_tiny()?,
+            };
+            let most = batches.iter().copied().max().unwrap_or(1);
+            let mut load = deltafin::engine::LoadOptions {
+                resident_cap: stream_spine.then_some(0),
+                expert_ram: cold_spine.then_some(0),
+                direct_spine: cold_spine.then_some(true),
+                max_batch: Some(most.max(3)),
+                ..Default::default()
+            };
+            // Bytes per token count what the batch itself reads, not guesses read ahead.
+            load.store.prefetch_previous = false;
+            let engine = deltafin::Engine::open_with(
+                &root,
+                &deltafin::EngineOptions {
+                    load,
+                    ..Default::default()
+                },
+                |p| eprintln!("{p}"),
+            )?;
+            let o = crate::bench::serve::ServeBenchOptions {
+                batches: batches.into_iter().filter(|&b| b > 0).collect(),
+                prompt_len: prompt_len.max(1),
+                decode: decode.max(2),
+                runs,
+                cold: cold_spine,
+                interleave_prompt,
+                prefill_tokens: prefill_tokens.max(1),
+                id_max,
+            };
+            crate::bench::serve::serve_bench(engine, &root, &o, |l| println!("{l}"))?;
         }
         BenchKind::Spine { model_root, runs } => {
             crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
@@ -378,8 +465,14 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             };
             crate::bench::forward_bench(&mut model, &opts, |l| println!("{l}"))?;
         }
-        BenchKind::Dense { gb, runs, threads } => {
+        BenchKind::Dense {
+            gb,
+            runs,
+            threads,
+            rows,
+        } => {
             let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
+            let rows: Vec<usize> = rows.into_iter().filter(|&t| t > 0).collect();
             if threads.is_empty() || !(gb > 0.0 && gb.is_finite()) {
                 anyhow::bail!("--threads needs a positive count and --gb a positive size");
             }
@@ -387,6 +480,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 working_set: (gb * 1e9) as usize,
                 runs: runs.max(1),
                 threads,
+                rows: if rows.is_empty() { vec![1] } else { rows },
             };
             crate::bench::dense::dense_bench(&opts, |line| println!("{line}"))?;
         }

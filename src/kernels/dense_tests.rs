@@ -1,0 +1,124 @@
+//! Tests of the dense kernels: exactness against f64, row exactness at every batch size,
+//! the int8 rule.
+
+use super::*;
+use crate::checkpoint::rng::Rng;
+
+#[test]
+fn int8_rule_exact_bytes() {
+    // amax 127 → scale exactly 1: ties at .5 round to even.
+    let (q, s) = quantize_row_int8(&[127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -127.0]);
+    assert_eq!(q, vec![127, 2, 4, -2, 0, 0, 2, -127]);
+    assert_eq!(s.to_f32(), 1.0);
+    let (q, s) = quantize_row_int8(&[0.0; 5]);
+    assert_eq!(q, vec![0; 5]);
+    assert_eq!(s.to_f32(), 1.0);
+    // amax 254 → scale 2: 5 → 2.5 → 2, 7 → 3.5 → 4
+    let (q, s) = quantize_row_int8(&[254.0, 5.0, 7.0, -254.0]);
+    assert_eq!(q, vec![127, 2, 4, -127]);
+    assert_eq!(s.to_f32(), 2.0);
+}
+
+/// One random `[rows, cols]` matrix as F32, BF16 and row-int8 (values, scales) bytes.
+fn formats(rng: &mut Rng, rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>) {
+    let w: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
+    let bf = w
+        .iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    let f = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (mut q, mut sc) = (Vec::new(), Vec::new());
+    for r in 0..rows {
+        let (qq, s) = quantize_row_int8(&w[r * cols..(r + 1) * cols]);
+        q.extend(qq.iter().map(|v| *v as u8));
+        sc.extend(s.to_le_bytes());
+    }
+    (f, bf, q, sc)
+}
+
+#[test]
+fn gemm_is_row_exact_at_every_batch_size() {
+    // 70 rows: two full tiles and a short one, each ending in rows the block kernel leaves
+    // to the row kernel; 45 columns: two chunks and a tail.
+    let mut rng = Rng::new(9);
+    let (rows, cols) = (70, 45);
+    let (f, bf, q, sc) = formats(&mut rng, rows, cols);
+    for data in [
+        DenseData::F32(&f),
+        DenseData::Bf16(&bf),
+        DenseData::I8 { q: &q, scales: &sc },
+    ] {
+        let m = DenseMatrix::new(data, rows, cols).unwrap();
+        for t in 1..=9 {
+            let xs: Vec<f32> = (0..t * cols).map(|_| rng.normal() as f32).collect();
+            let mut ys = vec![0f32; t * rows];
+            gemm(&m, &xs, t, &mut ys).unwrap();
+            for tt in 0..t {
+                let x = &xs[tt * cols..(tt + 1) * cols];
+                let mut one = vec![0f32; rows];
+                gemm(&m, x, 1, &mut one).unwrap();
+                for r in 0..rows {
+                    let (got, want) = (ys[tt * rows + r], one[r]);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{data:?} t={t} row {r}");
+                    assert_eq!(want.to_bits(), m.dot_row(r, x).to_bits());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_f64_and_is_row_exact() {
+    let mut rng = Rng::new(4);
+    let (rows, cols) = (70, 45);
+    let (f, bf, q, sc) = formats(&mut rng, rows, cols);
+    let t = 3;
+    let xs: Vec<f32> = (0..t * cols).map(|_| rng.normal() as f32).collect();
+    for data in [
+        DenseData::F32(&f),
+        DenseData::Bf16(&bf),
+        DenseData::I8 { q: &q, scales: &sc },
+    ] {
+        let m = DenseMatrix::new(data, rows, cols).unwrap();
+        let mut ys = vec![0f32; t * rows];
+        gemm(&m, &xs, t, &mut ys).unwrap();
+        for tt in 0..t {
+            let mut one = vec![0f32; rows];
+            gemm(&m, &xs[tt * cols..(tt + 1) * cols], 1, &mut one).unwrap();
+            assert!(one
+                .iter()
+                .zip(&ys[tt * rows..])
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            for (r, got) in one.iter().enumerate() {
+                let exact: f64 = (0..cols)
+                    .map(|c| m.get(r, c) as f64 * xs[tt * cols + c] as f64)
+                    .sum();
+                let mag: f64 = (0..cols)
+                    .map(|c| (m.get(r, c) as f64 * xs[tt * cols + c] as f64).abs())
+                    .sum();
+                assert!((*got as f64 - exact).abs() <= 1e-5 * mag + 1e-6, "{data:?}");
+            }
+        }
+    }
+    assert!(DenseMatrix::new(DenseData::Bf16(&bf[1..]), rows, cols).is_err());
+    // The SIMD kernel equals the portable one bit for bit.
+    for data in [
+        DenseData::F32(&f),
+        DenseData::Bf16(&bf),
+        DenseData::I8 { q: &q, scales: &sc },
+    ] {
+        let m = DenseMatrix::new(data, rows, cols).unwrap();
+        let xr: Vec<&[f32]> = xs.chunks(cols).collect();
+        for r in 0..rows {
+            let mut multi = vec![0f32; t];
+            m.dot_row_multi(r, &xr, &mut multi);
+            for (tt, v) in multi.iter().enumerate() {
+                assert_eq!(
+                    v.to_bits(),
+                    m.dot_row(r, xr[tt]).to_bits(),
+                    "row {r} input {tt}"
+                );
+            }
+        }
+    }
+}
