@@ -1,16 +1,25 @@
 """Drives a running deltafin server with the official `openai` Python package.
 
-Usage: python scripts/openai_client_check.py http://127.0.0.1:PORT/v1
+Usage: python scripts/openai_client_check.py http://127.0.0.1:PORT/v1 [API_KEY]
 Checks models.list, a chat completion, a streamed chat completion (reading reasoning_content),
 a completion, and stop sequences (cut out of an unstopped answer, plain and streamed). Exits
-non-zero on any failure.
+non-zero on any failure. With API_KEY (the server's --api-key), a wrong key must raise the
+client's AuthenticationError (401).
 """
 import sys
 
+import openai
 from openai import OpenAI
 
 base = sys.argv[1]
-client = OpenAI(base_url=base, api_key="not-needed")
+key = sys.argv[2] if len(sys.argv) > 2 else "not-needed"
+client = OpenAI(base_url=base, api_key=key)
+if len(sys.argv) > 2:
+    try:
+        OpenAI(base_url=base, api_key=key + "-wrong", max_retries=0).models.list()
+        raise SystemExit("a wrong API key was accepted")
+    except openai.AuthenticationError:
+        pass
 
 models = client.models.list()
 ids = [m.id for m in models.data]
@@ -68,4 +77,4 @@ for chunk in client.completions.create(
         finish = c.finish_reason or finish
 assert (streamed, finish) == (want, "stop"), (streamed, finish, want)
 
-print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop: ok")
+print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop, API key: ok")

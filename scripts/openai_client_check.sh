@@ -11,15 +11,15 @@ bin=target/release/deltafin
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture nano "$work/nano" 2>/dev/null
 port=$((20000 + RANDOM % 20000))
-"$bin" serve --model-root "$work/nano" --port "$port" 2>"$work/server.log" &
+"$bin" serve --model-root "$work/nano" --port "$port" --api-key sk-check 2>"$work/server.log" &
 server=$!
 for _ in $(seq 1 100); do
-  if curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null; then break; fi
+  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then break; fi
   sleep 0.2
 done
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet openai
-"$work/venv/bin/python" scripts/openai_client_check.py "http://127.0.0.1:$port/v1"
+"$work/venv/bin/python" scripts/openai_client_check.py "http://127.0.0.1:$port/v1" sk-check
 kill "$server" 2>/dev/null || true
 port2=$((port + 1))
 "$bin" serve --port "$port2" --max-batch 8 --queue 16 2>"$work/server2.log" &

@@ -9,7 +9,7 @@
 #      completes within the plan;
 #   4. `bench prefill` on the 4-layer prefix with a 512-token prompt: bytes read ≤ 1.05 × the
 #      distinct weight bytes the prompt needs, within the plan;
-#   5. `deltafin serve` on it answers a completion with 200.
+#   5. `deltafin serve` on it answers /health 503 while it loads, then a completion with 200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/deltafin-scale.XXXXXX")
@@ -71,11 +71,17 @@ PY
 port=$((20000 + RANDOM % 20000))
 "$bin" serve --model-root "$work/k3" --port "$port" --max-tokens 2 2>"$work/server.log" &
 server=$!
+# The server binds before it loads: /health is 503 while the full-shape model loads, then 200.
+seen_loading=no
 for _ in $(seq 1 600); do
-  if curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null; then break; fi
+  h=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health" || true)
+  [ "$h" = 503 ] && seen_loading=yes
+  if [ "$h" = 200 ]; then break; fi
   kill -0 "$server" 2>/dev/null || { cat "$work/server.log"; exit 1; }
-  sleep 1
+  sleep 0.5
 done
+[ "$seen_loading" = yes ] || { echo "/health never answered 503 while the model loaded"; exit 1; }
+echo "serve: /health 503 while loading, then 200"
 code=$(curl -s -o "$work/reply.json" -w '%{http_code}' --max-time 1200 \
   -H 'Content-Type: application/json' \
   -d '{"model":"deltafin-kimi-k3","prompt":"Hello","max_tokens":2}' \

@@ -118,3 +118,107 @@ fn bad_stop_fields_are_400_naming_stop() {
         assert_eq!(v["error"]["param"], "stop");
     }
 }
+
+/// Every `/v1` route needs the bearer token (401 in OpenAI's shape without it or with another);
+/// `/health` and `/metrics` stay open; `/metrics` counts the responses and tokens.
+#[test]
+fn api_key_health_and_metrics() {
+    let addr = start(ServerConfig {
+        api_key: Some("sk-local-1".into()),
+        ..Default::default()
+    });
+    let with = |key: Option<&str>, method: &str, path: &str, body: &str| {
+        let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+        client::http_with(addr, method, path, body, &auth)
+    };
+    let body = json!({"prompt": "Hello", "max_tokens": 3}).to_string();
+    for (method, path, b) in [
+        ("GET", "/v1/models", ""),
+        ("POST", "/v1/completions", body.as_str()),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"x"}]}"#,
+        ),
+    ] {
+        for key in [None, Some("sk-local-2"), Some("")] {
+            let (st, head, out) = with(key, method, path, b);
+            assert_eq!(st, 401, "{path} {key:?}: {out}");
+            assert!(head
+                .to_ascii_lowercase()
+                .contains("www-authenticate: bearer"));
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert!(v["error"]["message"].as_str().unwrap().contains("API key"));
+        }
+    }
+    assert_eq!(with(Some("sk-local-1"), "GET", "/v1/models", "").0, 200);
+    let (st, _, out) = with(Some("sk-local-1"), "POST", "/v1/completions", &body);
+    assert_eq!(st, 200, "{out}");
+    let (st, _, out) = http(addr, "GET", "/health", "");
+    assert_eq!(st, 200);
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["status"], "ok");
+    let (st, head, m) = http(addr, "GET", "/metrics", "");
+    assert_eq!(st, 200);
+    assert!(head.contains("text/plain"));
+    let metric = |name: &str| -> f64 {
+        m.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing in\n{m}"))
+    };
+    assert_eq!(
+        metric(r#"deltafin_responses_total{route="/v1/models",code="401"}"#),
+        3.0
+    );
+    assert_eq!(
+        metric(r#"deltafin_responses_total{route="/v1/completions",code="200"}"#),
+        1.0
+    );
+    assert_eq!(metric("deltafin_completion_tokens_total"), 3.0);
+    assert!(metric("deltafin_prompt_tokens_total") >= 1.0);
+    assert_eq!(metric("deltafin_emitted_tokens_total"), 3.0);
+    assert_eq!(metric("deltafin_active_sequences"), 0.0);
+    assert!(metric("deltafin_peak_rss_bytes") > 0.0);
+    for name in [
+        "deltafin_queue_depth",
+        "deltafin_pass_seconds_total",
+        "deltafin_prefill_rows_total",
+        "deltafin_spine_bytes_per_token",
+        r#"deltafin_expert_bytes_per_token{tier="shard"}"#,
+        "deltafin_expert_ram_hit_ratio",
+        "deltafin_expert_prefetch_hit_ratio",
+    ] {
+        metric(name);
+    }
+}
+
+/// While the model loads, `/health` is 503 `{"status":"loading"}` and every route 503 with
+/// Retry-After (what `deltafin serve` binds before loading).
+#[test]
+fn loading_server_answers_503() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            axum::serve(l, deltafin::server::loading_router())
+                .await
+                .unwrap();
+        });
+    });
+    let (st, _, out) = http(addr, "GET", "/health", "");
+    assert_eq!(st, 503);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["status"],
+        "loading"
+    );
+    let (st, head, _) = http(addr, "POST", "/v1/chat/completions", "{}");
+    assert_eq!(st, 503);
+    assert!(head.to_ascii_lowercase().contains("retry-after"));
+}

@@ -5,14 +5,18 @@
 //! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
 //! token. Files: `handlers` (the endpoints), `queue` (admission and the hand-off to the
-//! scheduler), `sse` (streamed and collected responses),
-//! `validate` (request bodies). This file holds the settings, the shared state and the router.
+//! scheduler), `sse` (streamed and collected responses), `stop` (stop sequences on the text),
+//! `ops` (API key, `/health`, `/metrics`, the loading router), `validate` (request bodies).
+//! This file holds the settings, the shared state and the router.
 
 mod handlers;
+mod ops;
 mod queue;
 mod sse;
 pub mod stop;
 pub mod validate;
+
+pub use ops::loading_router;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -52,6 +56,8 @@ pub struct ServerConfig {
     /// Resume requests from the engine's prompt cache (one in RAM is attached when the engine
     /// has none); off: every request prefills its whole prompt.
     pub prompt_cache: bool,
+    /// A bearer token every `/v1` route requires (None: no authentication).
+    pub api_key: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +74,7 @@ impl Default for ServerConfig {
             speculation: Default::default(),
             default_effort: None,
             prompt_cache: true,
+            api_key: None,
         }
     }
 }
@@ -83,6 +90,8 @@ pub struct AppState {
     /// Requests holding a batch or queue place (`queue::Place`).
     places: AtomicUsize,
     next_id: AtomicUsize,
+    /// Counters behind `/metrics`.
+    metrics: ops::Metrics,
 }
 
 impl AppState {
@@ -123,6 +132,7 @@ impl AppState {
             max_batch,
             places: AtomicUsize::new(0),
             next_id: AtomicUsize::new(1),
+            metrics: Default::default(),
         })
     }
 
@@ -140,10 +150,18 @@ impl AppState {
 /// The router.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.cfg.body_limit;
-    Router::new()
+    let v1 = Router::new()
         .route("/v1/models", get(handlers::models))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ops::auth,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(ops::health))
+        .route("/metrics", get(ops::metrics))
         .fallback(|| async {
             error(ApiError {
                 status: 404,
@@ -153,6 +171,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             })
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ops::count,
+        ))
         .with_state(state)
 }
 

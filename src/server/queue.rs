@@ -138,15 +138,22 @@ fn listener(
                 } else {
                     "length"
                 };
+                let completion = if stop.matched() {
+                    counted
+                } else {
+                    g.generated_ids.len()
+                };
+                let m = &st.metrics;
+                m.tokens_in
+                    .fetch_add(g.prompt_ids.len() as u64, Ordering::Relaxed);
+                m.tokens_cached
+                    .fetch_add(g.cached as u64, Ordering::Relaxed);
+                m.tokens_out.fetch_add(completion as u64, Ordering::Relaxed);
                 drop(place.take());
                 let _ = tx.send(Ev::Done {
                     finish,
                     prompt: g.prompt_ids.len(),
-                    completion: if stop.matched() {
-                        counted
-                    } else {
-                        g.generated_ids.len()
-                    },
+                    completion,
                     cached: g.cached,
                 });
                 ended.notify_one();

@@ -374,8 +374,7 @@ pub struct ServeArgs {
     /// Model directory (default: the built-in K3-tiny).
     #[arg(long)]
     pub model_root: Option<PathBuf>,
-    /// Address to bind (loopback by default; there is no authentication: put a reverse proxy
-    /// with authentication in front before exposing the port).
+    /// Address to bind (loopback by default; anything else warns unless --api-key is given).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port.
@@ -401,6 +400,9 @@ pub struct ServeArgs {
     /// Largest request body in MiB (beyond that: 413).
     #[arg(long, default_value_t = 16)]
     pub body_limit_mb: usize,
+    /// Bearer token every /v1 route requires (401 otherwise); /health and /metrics stay open.
+    #[arg(long, env = "DELTAFIN_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Speculative decoding.
     #[command(flatten)]
     pub spec: SpecArgs,
@@ -412,11 +414,65 @@ pub struct ServeArgs {
     pub cache: PromptCacheArgs,
 }
 
-/// Runs `deltafin serve`.
+/// Runs `deltafin serve`: binds at once and answers `/health` 503 (every other route 503) while
+/// the model loads, then serves.
 pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
+    let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))
+        .map_err(|e| anyhow::anyhow!("cannot bind {}:{}: {e}", a.host, a.port))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    if a.api_key.is_none() && !addr.ip().is_loopback() {
+        eprintln!(
+            "warning: serving on {addr}, reachable from other machines, without an API key: pass --api-key (or DELTAFIN_API_KEY)"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let loading = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+        let early = tokio::spawn(async move {
+            axum::serve(loading, deltafin::server::loading_router())
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let args = a.clone();
+        let load = tokio::task::spawn_blocking(move || serve_state(&args, &root));
+        let state = tokio::select! {
+            s = load => s??,
+            _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); return Ok(()) }
+        };
+        let _ = stop.send(());
+        let _ = early.await;
+        eprintln!(
+            "serving `{}` at http://{addr} (OpenAI-compatible; {})",
+            a.model_id,
+            if a.api_key.is_some() {
+                "API key required on /v1"
+            } else {
+                "no authentication"
+            }
+        );
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        tokio::select! {
+            r = deltafin::server::serve(listener, state) => r.map_err(anyhow::Error::from),
+            _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); Ok(()) }
+        }
+    })
+}
+
+/// Loads the engine and builds the server's state (on a blocking thread).
+fn serve_state(
+    a: &ServeArgs,
+    root: &std::path::Path,
+) -> anyhow::Result<Arc<deltafin::server::AppState>> {
     let batch = (a.max_batch > 0).then_some(a.max_batch);
-    let mut engine = load_engine_cached(&root, &a.store, &a.cache, batch)?;
+    let mut engine = load_engine_cached(root, &a.store, &a.cache, batch)?;
     // Prefill progress: a line on stderr every few seconds (the SSE stream keeps its
     // keep-alives meanwhile).
     engine
@@ -432,27 +488,14 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         speculation: a.spec.speculation(),
         default_effort: std::env::var("K3_REASONING_EFFORT").ok(),
         prompt_cache: !a.cache.no_prompt_cache,
+        api_key: a.api_key.clone(),
         ..Default::default()
     };
-    let state = deltafin::server::AppState::new(engine, cfg);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
-        eprintln!(
-            "serving {} as `{}` at http://{} (OpenAI-compatible; no authentication)",
-            root.display(),
-            a.model_id,
-            listener.local_addr()?
-        );
-        if deltafin::install::read_manifest(&root).is_some_and(|m| m.mode == deltafin::install::Mode::Stream) {
-            eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
-        }
-        tokio::select! {
-            r = deltafin::server::serve(listener, state) => r.map_err(anyhow::Error::from),
-            _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); Ok(()) }
-        }
-    })
+    if deltafin::install::read_manifest(root)
+        .is_some_and(|m| m.mode == deltafin::install::Mode::Stream)
+    {
+        eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
+    }
+    eprintln!("loaded {}", root.display());
+    Ok(deltafin::server::AppState::new(engine, cfg))
 }
