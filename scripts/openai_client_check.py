@@ -2,7 +2,8 @@
 
 Usage: python scripts/openai_client_check.py http://127.0.0.1:PORT/v1 [API_KEY]
 Checks models.list, a chat completion, a streamed chat completion (reading reasoning_content),
-a completion, and stop sequences (cut out of an unstopped answer, plain and streamed). Exits
+a completion, stop sequences (cut out of an unstopped answer, plain and streamed) and
+logprobs (chat top_logprobs, completions logprobs). Exits
 non-zero on any failure. With API_KEY (the server's --api-key), a wrong key must raise the
 client's AuthenticationError (401).
 """
@@ -77,4 +78,16 @@ for chunk in client.completions.create(
         finish = c.finish_reason or finish
 assert (streamed, finish) == (want, "stop"), (streamed, finish, want)
 
-print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop, API key: ok")
+lc = client.chat.completions.create(
+    model="deltafin-kimi-k3", messages=[{"role": "user", "content": "Hello"}], max_tokens=6,
+    logprobs=True, top_logprobs=2,
+)
+content = lc.choices[0].logprobs.content
+assert len(content) == lc.usage.completion_tokens == 6, lc
+assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content), content
+assert all(t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content), content
+lp = client.completions.create(model="deltafin-kimi-k3", prompt="Once upon a time", max_tokens=5, logprobs=3)
+assert len(lp.choices[0].logprobs.token_logprobs) == 5, lp
+assert "".join(lp.choices[0].logprobs.tokens) == lp.choices[0].text, lp
+
+print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop, logprobs, API key: ok")

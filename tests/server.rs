@@ -134,7 +134,7 @@ fn errors_fail_closed() {
         json!({"messages": m, "stop": ["a", "b", "c", "d", "e"]}),
         "stop",
     );
-    bad(json!({"messages": m, "logprobs": true}), "logprobs");
+    bad(json!({"messages": m, "logprobs": 3}), "logprobs");
     bad(json!({"messages": []}), "messages");
     bad(
         json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),

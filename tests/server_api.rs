@@ -222,3 +222,150 @@ fn loading_server_answers_503() {
     assert_eq!(st, 503);
     assert!(head.to_ascii_lowercase().contains("retry-after"));
 }
+
+/// The logits before each generated token, computed directly with the library (prompt, then
+/// one token at a time, as decoding runs).
+fn direct_logits(prompt: &[u32], gen: &[u32]) -> Vec<Vec<f32>> {
+    let dir = common::nano();
+    let model = deltafin::K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
+    let mut st = model.new_state();
+    let row = |t: candle::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut rows = vec![row(model.forward(prompt, &mut st).unwrap())];
+    for &id in &gen[..gen.len().saturating_sub(1)] {
+        rows.push(row(model.forward(&[id], &mut st).unwrap()));
+    }
+    rows
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let lse = m + l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+    l.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn top(lp: &[f64], n: usize) -> Vec<u32> {
+    let mut i: Vec<u32> = (0..lp.len() as u32).collect();
+    i.sort_by(|a, b| lp[*b as usize].total_cmp(&lp[*a as usize]).then(a.cmp(b)));
+    i.truncate(n);
+    i
+}
+
+/// Completions' `logprobs: 5` (greedy), streamed and not, against log-softmax of the logits
+/// computed directly: each token, its log-probability and the top 5.
+#[test]
+fn completion_logprobs_match_a_direct_computation() {
+    let addr = start(ServerConfig::default());
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(&common::nano()).unwrap();
+    let prompt = "The capital of France is";
+    let req = json!({"prompt": prompt, "max_tokens": 10, "logprobs": 5});
+    let got = post(addr, "/v1/completions", &req);
+    let lp = &got["choices"][0]["logprobs"];
+    let text = |id: u32| String::from_utf8_lossy(&tok.token_bytes(id)).into_owned();
+    // Greedy: the direct path picks the argmax at each step.
+    let ids = tok.encode_ordinary(prompt);
+    let mut gen = Vec::new();
+    let model = deltafin::K3Model::from_dir(&common::nano(), &candle::Device::Cpu).unwrap();
+    let mut st = model.new_state();
+    let mut l = model.forward(&ids, &mut st).unwrap();
+    for _ in 0..10 {
+        let row = l.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let id = deltafin::generate::argmax(&row);
+        gen.push(id);
+        l = model.forward(&[id], &mut st).unwrap();
+    }
+    let rows = direct_logits(&ids, &gen);
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 10);
+    let mut offset = 0;
+    for (i, (&id, row)) in gen.iter().zip(&rows).enumerate() {
+        let want = log_softmax(row);
+        assert_eq!(lp["tokens"][i], text(id), "token {i}");
+        let got_lp = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!(
+            (got_lp - want[id as usize]).abs() < 1e-5,
+            "{i}: {got_lp} vs {}",
+            want[id as usize]
+        );
+        assert!(got_lp <= 0.0);
+        let alts = lp["top_logprobs"][i].as_object().unwrap();
+        for t in top(&want, 5) {
+            let v = alts[&text(t)].as_f64().unwrap();
+            assert!((v - want[t as usize]).abs() < 1e-5 || alts.len() < 5);
+        }
+        assert_eq!(lp["text_offset"][i], offset);
+        offset += text(id).chars().count();
+    }
+    // Streamed: the same figures, one token per logprobs chunk.
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    let (st, _, out) = http(addr, "POST", "/v1/completions", &sreq.to_string());
+    assert_eq!(st, 200);
+    let streamed: Vec<Value> = sse_data(&out)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter(|c| !c["choices"][0]["logprobs"].is_null())
+        .map(|c| c["choices"][0]["logprobs"]["token_logprobs"][0].clone())
+        .collect();
+    assert_eq!(&streamed, lp["token_logprobs"].as_array().unwrap());
+}
+
+/// Chat `logprobs` with `top_logprobs: 3` on a seeded sampled request: the reported values are
+/// the log-softmax of the exact logits along the sampled path (temperature does not change
+/// them); `bytes` name each token.
+#[test]
+fn chat_logprobs_ignore_sampling_settings() {
+    use deltafin::chat::{encode_marked, render_marked, ChatOptions, Message};
+    let addr = start(ServerConfig::default());
+    let dir = common::nano();
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let req = json!({"messages": [{"role": "user", "content": "Hello"}], "thinking": false,
+        "max_tokens": 8, "temperature": 1.3, "seed": 7, "logprobs": true, "top_logprobs": 3});
+    let got = post(addr, "/v1/chat/completions", &req);
+    let content = got["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(content.len(), 8);
+    let vocab = tok.num_ranks() + 256;
+    let by_bytes: std::collections::HashMap<Vec<u8>, u32> =
+        (0..vocab).map(|i| (tok.token_bytes(i), i)).collect();
+    let id_of = |e: &Value| -> u32 {
+        let b: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+        by_bytes[&b]
+    };
+    let gen: Vec<u32> = content.iter().map(id_of).collect();
+    let opts = ChatOptions {
+        thinking: false,
+        effort: None,
+        tools: None,
+    };
+    let (segs, marks) = render_marked(&[Message::new("user", "Hello")], &opts).unwrap();
+    let (prompt, _) = encode_marked(&tok, &segs, &marks);
+    let rows = direct_logits(&prompt, &gen);
+    for (i, (e, row)) in content.iter().zip(&rows).enumerate() {
+        let want = log_softmax(row);
+        let got_lp = e["logprob"].as_f64().unwrap();
+        assert!((got_lp - want[gen[i] as usize]).abs() < 1e-5, "{i}");
+        let alts: Vec<u32> = e["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(id_of)
+            .collect();
+        assert_eq!(alts, top(&want, 3), "{i}");
+    }
+    for bad in [
+        json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+        json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+    ] {
+        let (st, _, b) = http(addr, "POST", "/v1/chat/completions", &bad.to_string());
+        assert_eq!(st, 400, "{b}");
+    }
+    let (st, _, _) = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        &json!({"prompt": "x", "logprobs": true}).to_string(),
+    );
+    assert_eq!(st, 400);
+}

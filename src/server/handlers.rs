@@ -12,8 +12,9 @@ use axum::Json;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::logprobs::{self, TokenLogprob};
 use super::queue::{reserve, start, Ev};
-use super::sse::{collect, sse, ChunkFn};
+use super::sse::{collect, sse, ChunkFn, LogprobFn};
 use super::validate::{self, ApiError, Sampling};
 use super::{error, AppState};
 use crate::chat::{encode_marked, render_marked, ChatOptions, Delta, Effort};
@@ -154,6 +155,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         Err(e) => return error(ApiError::bad("messages", e.to_string())),
     };
     let tokenize = Box::new(move |t: &Tokenizer| encode_marked(t, &segs, &seg_marks));
+    let want_lp = req.sampling.logprobs.is_some();
     let Launched {
         rx,
         id,
@@ -176,18 +178,20 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
     };
     if !stream {
         return match collect(rx).await {
-            Ok((content, reasoning, finish, u)) => {
-                let mut msg = json!({"role": "assistant", "content": content});
+            Ok(c) => {
+                let mut msg = json!({"role": "assistant", "content": c.content});
                 if req.thinking {
-                    msg["reasoning_content"] = json!(reasoning);
+                    msg["reasoning_content"] = json!(c.reasoning);
                 }
+                let lp = want_lp.then(|| logprobs::chat_json(st.engine.tokenizer(), &c.logprobs));
                 Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": u}))
+                    "choices": [{"index": 0, "message": msg, "logprobs": lp, "finish_reason": c.finish}], "usage": c.usage}))
                 .into_response()
             }
             Err(e) => error(e),
         };
     }
+    let (id_lp, model_lp) = (id.clone(), model.clone());
     let first = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": Value::Null}]});
     let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
@@ -199,7 +203,18 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     });
-    sse(rx, Some(first), chunk, include_usage, st.cfg.keepalive_secs)
+    let (tok_st, id2, model2) = (st.clone(), id_lp, model_lp);
+    let lp_chunk: LogprobFn = Arc::new(move |l: &TokenLogprob| {
+        json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2,
+            "choices": [{"index": 0, "delta": {}, "logprobs": logprobs::chat_json(tok_st.engine.tokenizer(), std::slice::from_ref(l)), "finish_reason": Value::Null}]})
+    });
+    sse(
+        rx,
+        Some(first),
+        (chunk, lp_chunk),
+        include_usage,
+        st.cfg.keepalive_secs,
+    )
 }
 
 /// `/v1/completions`.
@@ -210,6 +225,7 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) ->
     };
     let prompt = req.prompt.clone();
     let tokenize = Box::new(move |t: &Tokenizer| (t.encode_ordinary(&prompt), Vec::new()));
+    let want_lp = req.sampling.logprobs.is_some();
     let Launched {
         rx,
         id,
@@ -232,12 +248,17 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) ->
     };
     if !stream {
         return match collect(rx).await {
-            Ok((text, _, finish, u)) => Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}], "usage": u}))
-            .into_response(),
+            Ok(c) => {
+                let lp = want_lp
+                    .then(|| logprobs::completion_json(st.engine.tokenizer(), &c.logprobs, 0));
+                Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": c.content, "finish_reason": c.finish, "logprobs": lp}], "usage": c.usage}))
+                .into_response()
+            }
             Err(e) => error(e),
         };
     }
+    let (id_lp, model_lp) = (id.clone(), model.clone());
     let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
         let text = match d {
             Some(Delta::Content(t)) | Some(Delta::Reasoning(t)) => t,
@@ -246,5 +267,25 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) ->
         json!({"id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}]})
     });
-    sse(rx, None, chunk, include_usage, st.cfg.keepalive_secs)
+    // Offsets count the characters of the tokens reported before (the prompt is not echoed).
+    let (tok_st, at) = (st.clone(), Arc::new(std::sync::atomic::AtomicUsize::new(0)));
+    let lp_chunk: LogprobFn = Arc::new(move |l: &TokenLogprob| {
+        let tok = tok_st.engine.tokenizer();
+        let off = at.fetch_add(
+            String::from_utf8_lossy(&tok.token_bytes(l.id))
+                .chars()
+                .count(),
+            Ordering::SeqCst,
+        );
+        json!({"id": id_lp, "object": "text_completion", "created": created, "model": model_lp,
+            "choices": [{"index": 0, "text": "", "finish_reason": Value::Null,
+                "logprobs": logprobs::completion_json(tok, std::slice::from_ref(l), off)}]})
+    });
+    sse(
+        rx,
+        None,
+        (chunk, lp_chunk),
+        include_usage,
+        st.cfg.keepalive_secs,
+    )
 }

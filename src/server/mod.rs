@@ -10,6 +10,7 @@
 //! This file holds the settings, the shared state and the router.
 
 mod handlers;
+pub mod logprobs;
 mod ops;
 mod queue;
 mod sse;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::logprobs::TokenLogprob;
 use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
@@ -17,6 +18,9 @@ use crate::generate::StopReason;
 use crate::runtime::batch::{Request, SeqEvent};
 use crate::tokenizer::StreamDecoder;
 use crate::GenerateOptions;
+
+/// Log-probabilities the chooser records and the listener sends, one per token in order.
+type Logprobs = Arc<std::sync::Mutex<std::collections::VecDeque<TokenLogprob>>>;
 
 /// A reserved place (in the batch or its queue), given back when dropped.
 pub(super) struct Place(Arc<AppState>);
@@ -50,6 +54,8 @@ pub(super) fn reserve(st: &Arc<AppState>) -> Result<Place, ApiError> {
 /// An event for the response.
 pub(super) enum Ev {
     Delta(Delta),
+    /// A generated token's log-probability (sent before its text).
+    Logprob(TokenLogprob),
     Done {
         finish: &'static str,
         prompt: usize,
@@ -79,7 +85,7 @@ fn listener(
     cancel: Arc<AtomicBool>,
     chat: Option<bool>,
     ended: Arc<tokio::sync::Notify>,
-    stops: Vec<String>,
+    (stops, lps): (Vec<String>, Option<Logprobs>),
 ) -> impl FnMut(SeqEvent) + Send {
     let mut place = Some(place);
     let mut dec = StreamDecoder::new();
@@ -113,6 +119,10 @@ fn listener(
             SeqEvent::Token(_) if stop.matched() => {}
             SeqEvent::Token(id) => {
                 counted += 1;
+                // The chooser recorded each token's log-probability, in order.
+                if let Some(lp) = lps.as_ref().and_then(|q| q.lock().ok()?.pop_front()) {
+                    let _ = tx.send(Ev::Logprob(lp));
+                }
                 match chat {
                     Some(_) => send(split.push_id(tok, &mut dec, id), &mut stop),
                     None => send(vec![Delta::Content(dec.push(tok, id))], &mut stop),
@@ -191,6 +201,8 @@ pub(super) fn start(
     });
     let mut sampler = Sampler::new(s.temperature, s.top_p, seed_of(&s));
     let stop = s.stop.clone();
+    let lps: Option<Logprobs> = s.logprobs.map(|_| Default::default());
+    let (record, top) = (lps.clone(), s.logprobs.unwrap_or(0));
     let req = Request {
         ids,
         marks,
@@ -199,7 +211,13 @@ pub(super) fn start(
             stop_ids: vec![st.engine.eos()],
             speculation: st.cfg.speculation,
         },
-        choose: Box::new(move |l: &[f32]| sampler.choose(l)),
+        choose: Box::new(move |l: &[f32]| {
+            let id = sampler.choose(l);
+            if let Some(Ok(mut q)) = record.as_ref().map(|q| q.lock()) {
+                q.push_back(super::logprobs::of(l, id, top));
+            }
+            id
+        }),
         on_event: Box::new(listener(
             st.clone(),
             place,
@@ -207,7 +225,7 @@ pub(super) fn start(
             cancel.clone(),
             chat,
             ended,
-            stop,
+            (stop, lps),
         )),
         cancel,
         drafter: None,

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::logprobs::TokenLogprob;
 use super::queue::Ev;
 use super::validate::ApiError;
 use crate::chat::Delta;
@@ -22,18 +23,20 @@ pub(super) fn usage(p: usize, c: usize, cached: usize) -> Value {
 
 /// Builds one chunk: a delta (or, with `None`, the final chunk) and a finish reason.
 pub(super) type ChunkFn = Arc<dyn Fn(Option<Delta>, Value) -> Value + Send + Sync>;
+/// Builds the chunk that carries one token's log-probability.
+pub(super) type LogprobFn = Arc<dyn Fn(&TokenLogprob) -> Value + Send + Sync>;
 
 /// The SSE response for a generation: optional first chunk, one chunk per delta, the finish
 /// chunk, the usage chunk when asked, `[DONE]`; comment keep-alives meanwhile.
 pub(super) fn sse(
     rx: mpsc::UnboundedReceiver<Ev>,
     first: Option<Value>,
-    chunk: ChunkFn,
+    (chunk, lp_chunk): (ChunkFn, LogprobFn),
     include_usage: bool,
     keepalive: u64,
 ) -> Response {
     let events = futures_util::stream::unfold((rx, first, false), move |(mut rx, first, done)| {
-        let chunk = chunk.clone();
+        let (chunk, lp_chunk) = (chunk.clone(), lp_chunk.clone());
         async move {
             if let Some(f) = first {
                 return Some((
@@ -47,6 +50,10 @@ pub(super) fn sse(
             match rx.recv().await {
                 Some(Ev::Delta(d)) => Some((
                     vec![Event::default().data(chunk(Some(d), Value::Null).to_string())],
+                    (rx, None, false),
+                )),
+                Some(Ev::Logprob(l)) => Some((
+                    vec![Event::default().data(lp_chunk(&l).to_string())],
                     (rx, None, false),
                 )),
                 Some(Ev::Done {
@@ -91,13 +98,22 @@ pub(super) fn sse(
         .into_response()
 }
 
-/// Collects a whole generation: `(content, reasoning, finish, prompt tokens, completion tokens)`.
-pub(super) async fn collect(
-    mut rx: mpsc::UnboundedReceiver<Ev>,
-) -> Result<(String, String, &'static str, Value), ApiError> {
-    let (mut content, mut reasoning) = (String::new(), String::new());
+/// A whole generation.
+pub(super) struct Collected {
+    pub content: String,
+    pub reasoning: String,
+    pub finish: &'static str,
+    pub usage: Value,
+    /// Each token's log-probability (when asked for).
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// Collects a whole generation.
+pub(super) async fn collect(mut rx: mpsc::UnboundedReceiver<Ev>) -> Result<Collected, ApiError> {
+    let (mut content, mut reasoning, mut logprobs) = (String::new(), String::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
+            Ev::Logprob(l) => logprobs.push(l),
             Ev::Delta(Delta::Content(t)) => content.push_str(&t),
             Ev::Delta(Delta::Reasoning(t)) => reasoning.push_str(&t),
             Ev::Done {
@@ -106,12 +122,13 @@ pub(super) async fn collect(
                 completion,
                 cached,
             } => {
-                return Ok((
+                return Ok(Collected {
                     content,
                     reasoning,
                     finish,
-                    usage(prompt, completion, cached),
-                ))
+                    usage: usage(prompt, completion, cached),
+                    logprobs,
+                })
             }
             Ev::Failed(m) => {
                 return Err(ApiError {

@@ -52,6 +52,8 @@ pub struct Sampling {
     pub seed: Option<u64>,
     /// Stop sequences (up to 4), matched on the decoded text.
     pub stop: Vec<String>,
+    /// Report log-probabilities with this many alternatives per token (None: none).
+    pub logprobs: Option<usize>,
 }
 
 /// A validated chat request.
@@ -97,7 +99,6 @@ const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
     "logit_bias",
-    "top_logprobs",
     "response_format",
     "suffix",
     "echo",
@@ -144,10 +145,6 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
         }
     }
     let stop = stop_sequences(m.get("stop"))?;
-    match m.get("logprobs") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(_) => return Err(ApiError::bad("logprobs", "logprobs are not supported")),
-    }
     for k in ["presence_penalty", "frequency_penalty"] {
         if num(k)?.is_some_and(|v| v != 0.0) {
             return Err(ApiError::bad(k, format!("`{k}` is not supported")));
@@ -217,7 +214,39 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
         top_p,
         seed,
         stop,
+        logprobs: None,
     })
+}
+
+/// A count in `0..=20` (`top_logprobs`, completions' `logprobs`).
+fn alternatives(m: &Map<String, Value>, k: &str) -> Result<Option<usize>, ApiError> {
+    match m.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 20 => Ok(Some(n as usize)),
+            _ => Err(ApiError::bad(
+                k,
+                format!("`{k}` must be an integer from 0 to 20"),
+            )),
+        },
+    }
+}
+
+/// Chat: `logprobs: true` and `top_logprobs` (0–20, only with `logprobs`).
+fn chat_logprobs(m: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let on = match m.get("logprobs") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("logprobs", "`logprobs` must be a boolean")),
+    };
+    match (on, alternatives(m, "top_logprobs")?) {
+        (true, n) => Ok(Some(n.unwrap_or(0))),
+        (false, Some(_)) => Err(ApiError::bad(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        )),
+        (false, None) => Ok(None),
+    }
 }
 
 /// `stop`: a string or a list of up to 4 non-empty strings.
@@ -287,6 +316,7 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
             "reasoning_effort",
             "max_completion_tokens",
             "thinking",
+            "top_logprobs",
         ],
     )?;
     let msgs = m
@@ -353,11 +383,13 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad("thinking", "`thinking` must be a boolean")),
     };
+    let mut sampling = sampling(&m)?;
+    sampling.logprobs = chat_logprobs(&m)?;
     Ok(ChatRequest {
         messages,
         effort,
         thinking,
-        sampling: sampling(&m)?,
+        sampling,
     })
 }
 
@@ -373,8 +405,15 @@ pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
         Some(_) => return Err(ApiError::bad("prompt", "`prompt` must be a string")),
         None => return Err(ApiError::bad("prompt", "missing `prompt`")),
     };
-    Ok(CompletionRequest {
-        prompt,
-        sampling: sampling(&m)?,
-    })
+    let mut sampling = sampling(&m)?;
+    sampling.logprobs = match m.get("logprobs") {
+        Some(Value::Bool(_)) => {
+            return Err(ApiError::bad(
+                "logprobs",
+                "`logprobs` on completions is an integer from 0 to 20",
+            ))
+        }
+        _ => alternatives(&m, "logprobs")?,
+    };
+    Ok(CompletionRequest { prompt, sampling })
 }
