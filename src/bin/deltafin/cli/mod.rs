@@ -1,6 +1,7 @@
 //! The `deltafin` command line (clap), a thin layer over the library.
 
 mod bench_args;
+mod bench_run;
 pub mod doctor;
 pub mod eval;
 pub mod events;
@@ -8,6 +9,7 @@ pub mod install;
 pub mod logits;
 pub mod prompt_cache;
 pub mod run;
+mod serve;
 pub mod store;
 pub mod train;
 
@@ -67,7 +69,7 @@ pub enum Command {
         listen: String,
     },
     /// OpenAI-compatible server (`/v1/models`, `/v1/chat/completions`, `/v1/completions`).
-    Serve(run::ServeArgs),
+    Serve(serve::ServeArgs),
     /// Generate from a prompt (text, chat, or token ids).
     Run(run::RunArgs),
     /// Print every prompt position's logits, the routes and a greedy continuation as JSON (for
@@ -250,7 +252,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(a) => run::run(&a)?,
         Command::Logits(a) => logits::run(&a)?,
         Command::Doctor(a) => doctor::run(&a)?,
-        Command::Serve(a) => run::serve(&a)?,
+        Command::Serve(a) => serve::serve(&a)?,
         Command::Setup(a) => install::run_setup(&a)?,
         Command::MockHub { dir, repo, listen } => {
             let hub = deltafin::hub::mock::MockHub::start_on(&dir, &repo, &listen)?;
@@ -307,7 +309,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Train(a) => train::run(&a)?,
         Command::Eval(a) => eval::run(&a)?,
-        Command::Bench { kind } => bench_args::run(kind)?,
+        Command::Bench { kind } => bench_run::run(kind)?,
     }
     Ok(())
 }

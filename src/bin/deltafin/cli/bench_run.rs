@@ -1,0 +1,311 @@
+//! `deltafin bench ...`: each subcommand's flags turned into its bench's options, and the run
+//! (the flags themselves are `bench_args`).
+
+use deltafin::mxfp4::Kernel;
+
+use super::bench_args::BenchKind;
+
+fn parse_kernel(s: &str) -> anyhow::Result<Kernel> {
+    Ok(match s {
+        "scalar" => Kernel::Scalar,
+        "avx2" => Kernel::Avx2,
+        "avx512" => Kernel::Avx512,
+        "neon" => Kernel::Neon,
+        _ => anyhow::bail!("unknown kernel `{s}` (scalar, avx2, avx512, neon)"),
+    })
+}
+
+/// Runs one benchmark, printing its JSON lines on stdout.
+pub fn run(kind: BenchKind) -> anyhow::Result<()> {
+    match kind {
+        BenchKind::Prefill {
+            model_root,
+            lengths,
+            runs,
+            id_max,
+            no_chunk_major,
+            memory_gb,
+        } => {
+            let load = deltafin::engine::LoadOptions {
+                memory_limit: memory_gb.map(|g| (g * 1e9) as u64),
+                ..Default::default()
+            };
+            let o = crate::bench::prefill::PrefillBenchOptions {
+                lengths: lengths.into_iter().filter(|&n| n > 0).collect(),
+                runs,
+                id_max,
+                chunk_major: !no_chunk_major,
+            };
+            crate::bench::prefill::prefill_bench(
+                &model_root,
+                &candle::Device::Cpu,
+                &load,
+                &o,
+                |l| println!("{l}"),
+            )?;
+        }
+        BenchKind::PromptCache {
+            model_root,
+            system_tokens,
+            turns,
+            reply,
+            memory_gb,
+            scratch,
+            no_snapshot,
+        } => {
+            let root = match model_root {
+                Some(r) => r,
+                None => deltafin::assets::k3_tiny()?,
+            };
+            let o = crate::bench::prompt_cache::PromptCacheBenchOptions {
+                system_tokens,
+                turns,
+                reply,
+                memory_limit: memory_gb.map(|g| (g * 1e9) as u64),
+                scratch,
+                no_snapshot,
+            };
+            crate::bench::prompt_cache::prompt_cache_bench(&root, &o, |l| println!("{l}"))?;
+        }
+        BenchKind::Serve {
+            model_root,
+            batches,
+            prompt_len,
+            decode,
+            runs,
+            stream_spine,
+            cold_spine,
+            interleave_prompt,
+            prefill_tokens,
+            id_max,
+        } => {
+            let root = match model_root {
+                Some(r) => r,
+                None => deltafin::assets::k3_tiny()?,
+            };
+            let most = batches.iter().copied().max().unwrap_or(1);
+            let mut load = deltafin::engine::LoadOptions {
+                resident_cap: stream_spine.then_some(0),
+                expert_ram: cold_spine.then_some(0),
+                direct_spine: cold_spine.then_some(true),
+                max_batch: Some(most.max(3)),
+                ..Default::default()
+            };
+            // Bytes per token count what the batch itself reads, not guesses read ahead.
+            load.store.prefetch_previous = false;
+            let engine = deltafin::Engine::open_with(
+                &root,
+                &deltafin::EngineOptions {
+                    load,
+                    ..Default::default()
+                },
+                |p| eprintln!("{p}"),
+            )?;
+            let o = crate::bench::serve::ServeBenchOptions {
+                batches: batches.into_iter().filter(|&b| b > 0).collect(),
+                prompt_len: prompt_len.max(1),
+                decode: decode.max(2),
+                runs,
+                cold: cold_spine,
+                interleave_prompt,
+                prefill_tokens: prefill_tokens.max(1),
+                id_max,
+            };
+            crate::bench::serve::serve_bench(engine, &root, &o, |l| println!("{l}"))?;
+        }
+        BenchKind::Spine { model_root, runs } => {
+            crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
+        }
+        BenchKind::Homes {
+            model_root,
+            homes,
+            rate_mb,
+            tokens,
+            runs,
+            scratch,
+        } => {
+            if homes.is_empty() || homes.contains(&0) || rate_mb.is_nan() || rate_mb <= 0.0 {
+                anyhow::bail!("--homes needs positive counts and --rate-mb a positive rate");
+            }
+            let o = crate::bench::homes::HomesBenchOptions {
+                homes,
+                rate: rate_mb * 1e6,
+                tokens: tokens.max(1),
+                runs: runs.max(1),
+                scratch,
+            };
+            crate::bench::homes::homes_bench(&model_root, &o, |l| println!("{l}"))?;
+        }
+        BenchKind::Experts {
+            model_root,
+            per_layer,
+            readers,
+            runs,
+        } => {
+            let opts = crate::bench::experts::ExpertsBenchOptions {
+                per_layer,
+                readers,
+                runs,
+            };
+            crate::bench::experts::experts_bench(&model_root, &opts, |l| println!("{l}"))?;
+        }
+        BenchKind::Forward {
+            model_root,
+            prompt_len,
+            decode,
+            runs,
+            device,
+            context,
+            breakdown,
+            floor,
+            speculate,
+            spec_mode,
+            spec_depth,
+            text,
+            stream_spine,
+            cold_spine,
+            oracle_drafts,
+        } => {
+            let device = deltafin::compute::device::select(device)?;
+            println!("device={}", deltafin::compute::device::describe(&device));
+            let load = deltafin::engine::LoadOptions {
+                resident_cap: stream_spine.then_some(0),
+                // `--floor --cold-spine`: experts cold too (no RAM tier to hit).
+                expert_ram: (floor && cold_spine).then_some(0),
+                // Cold: as on a machine whose page cache cannot hold the streamed layers.
+                direct_spine: cold_spine.then_some(true),
+                ..Default::default()
+            };
+            let mut model =
+                deltafin::K3Model::open_with(&model_root, &device, &load, |p| eprintln!("{p}"))?;
+            if speculate {
+                let vocab = model.config().text().vocab_size as u32;
+                let len = prompt_len.max(2);
+                let prompts = match &text {
+                    Some(t) => text_prompts(&model_root, t, len)?,
+                    None => crate::bench::speculate::synthetic_prompts(vocab, len),
+                };
+                let o = crate::bench::speculate::SpecBenchOptions {
+                    decode: decode.max(2),
+                    runs,
+                    spec: deltafin::generate::Speculation {
+                        mode: spec_mode,
+                        depth: spec_depth.clamp(1, deltafin::generate::spec::MAX_DEPTH),
+                    },
+                    prompts,
+                    cold: cold_spine,
+                    oracle: oracle_drafts,
+                };
+                return crate::bench::speculate::spec_bench(&mut model, &model_root, &o, |l| {
+                    println!("{l}")
+                })
+                .map_err(Into::into);
+            }
+            if !context.is_empty() {
+                let most = context.iter().max().copied().unwrap_or(0);
+                model.set_context_limit(most + runs + 2);
+                return crate::bench::forward::context_bench(&model, &context, runs, |l| {
+                    println!("{l}")
+                })
+                .map_err(Into::into);
+            }
+            if floor {
+                let o = crate::bench::floor::FloorOptions {
+                    prompt_len,
+                    decode,
+                    runs,
+                    cold: cold_spine,
+                };
+                return crate::bench::floor::floor_bench(&mut model, &model_root, &o, |l| {
+                    println!("{l}")
+                })
+                .map_err(Into::into);
+            }
+            if breakdown {
+                return crate::bench::forward::breakdown_bench(
+                    &mut model,
+                    &model_root,
+                    prompt_len.max(1),
+                    decode,
+                    runs,
+                    |l| println!("{l}"),
+                )
+                .map_err(Into::into);
+            }
+            let opts = crate::bench::ForwardBenchOptions {
+                prompt_len: prompt_len.max(1),
+                decode,
+                runs,
+            };
+            crate::bench::forward_bench(&mut model, &opts, |l| println!("{l}"))?;
+        }
+        BenchKind::Dense {
+            gb,
+            runs,
+            threads,
+            rows,
+        } => {
+            let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
+            let rows: Vec<usize> = rows.into_iter().filter(|&t| t > 0).collect();
+            if threads.is_empty() || !(gb > 0.0 && gb.is_finite()) {
+                anyhow::bail!("--threads needs a positive count and --gb a positive size");
+            }
+            let opts = crate::bench::dense::DenseBenchOptions {
+                working_set: (gb * 1e9) as usize,
+                runs: runs.max(1),
+                threads,
+                rows: if rows.is_empty() { vec![1] } else { rows },
+            };
+            crate::bench::dense::dense_bench(&opts, |line| println!("{line}"))?;
+        }
+        BenchKind::Mxfp4 {
+            experts,
+            runs,
+            kernel,
+            threads,
+        } => {
+            let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
+            if threads.is_empty() {
+                anyhow::bail!("--threads needs at least one positive count");
+            }
+            let mut opts = crate::bench::Mxfp4BenchOptions {
+                experts,
+                runs: runs.max(1),
+                threads,
+                ..Default::default()
+            };
+            if let Some(k) = kernel {
+                opts.kernel = parse_kernel(&k)?;
+            }
+            crate::bench::mxfp4_bench(&opts, |line| println!("{line}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Up to 10 prompts of `len` tokens spread over a text file, tokenised with the model's
+/// tokenizer.
+fn text_prompts(
+    root: &std::path::Path,
+    text: &std::path::Path,
+    len: usize,
+) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(root)?;
+    let s = std::fs::read_to_string(text)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", text.display()))?;
+    let ids = tok.encode_ordinary(&s);
+    if ids.len() < len {
+        anyhow::bail!(
+            "{} holds {} tokens, fewer than --prompt-len {len}",
+            text.display(),
+            ids.len()
+        );
+    }
+    let n = 10.min(ids.len() / len);
+    Ok((0..n)
+        .map(|i| {
+            let at = (ids.len() - len) * i / n.max(1);
+            (format!("text_{i}"), ids[at..at + len].to_vec())
+        })
+        .collect())
+}

@@ -1,0 +1,145 @@
+//! `deltafin serve`: the OpenAI-compatible server's flags, binding before the model loads
+//! (`/health` 503 meanwhile), and the hand-off to `deltafin::server`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use deltafin::progress::{PrefillProgress, ProgressMode};
+
+use super::prompt_cache::{load_engine_cached, PromptCacheArgs};
+use super::run::SpecArgs;
+use super::store::StoreArgs;
+
+/// Arguments of `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Model directory (default: the built-in K3-tiny).
+    #[arg(long)]
+    pub model_root: Option<PathBuf>,
+    /// Address to bind (loopback by default; anything else warns unless --api-key is given).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Model id reported by /v1/models and accepted in requests.
+    #[arg(long, default_value = "deltafin-kimi-k3")]
+    pub model_id: String,
+    /// Hard ceiling on new tokens per request (also `K3_SERVER_MAX_TOKENS`).
+    #[arg(long, env = "K3_SERVER_MAX_TOKENS", default_value_t = 32768)]
+    pub max_tokens: usize,
+    /// Requests decoding at once in shared passes (one spine read per pass for all of them);
+    /// 0: the memory plan's choice (up to 8 whose states fit a quarter of the budget).
+    #[arg(long, default_value_t = 0)]
+    pub max_batch: usize,
+    /// Requests that may wait while the batch is full (beyond that: 429 with Retry-After).
+    #[arg(long, default_value_t = 16)]
+    pub queue: usize,
+    /// Most prompt tokens one shared pass feeds beside the others' decode rows (a new
+    /// request's prefill is interleaved with the running decodes in pieces this long).
+    #[arg(long, default_value_t = 256)]
+    pub prefill_tokens: usize,
+    /// Largest request body in MiB (beyond that: 413).
+    #[arg(long, default_value_t = 16)]
+    pub body_limit_mb: usize,
+    /// Bearer token every /v1 route requires (401 otherwise); /health and /metrics stay open.
+    #[arg(long, env = "DELTAFIN_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Speculative decoding.
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Expert store settings.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Prompt cache.
+    #[command(flatten)]
+    pub cache: PromptCacheArgs,
+}
+
+/// Runs `deltafin serve`: binds at once and answers `/health` 503 (every other route 503) while
+/// the model loads, then serves.
+pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
+    let root = super::default_root(a.model_root.as_deref())?;
+    let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))
+        .map_err(|e| anyhow::anyhow!("cannot bind {}:{}: {e}", a.host, a.port))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    if a.api_key.is_none() && !addr.ip().is_loopback() {
+        eprintln!(
+            "warning: serving on {addr}, reachable from other machines, without an API key: pass --api-key (or DELTAFIN_API_KEY)"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let loading = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
+        let early = tokio::spawn(async move {
+            axum::serve(loading, deltafin::server::loading_router())
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let args = a.clone();
+        let load = tokio::task::spawn_blocking(move || serve_state(&args, &root));
+        let state = tokio::select! {
+            s = load => s??,
+            _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); return Ok(()) }
+        };
+        let _ = stop.send(());
+        let _ = early.await;
+        eprintln!(
+            "serving `{}` at http://{addr} (OpenAI-compatible; {})",
+            a.model_id,
+            if a.api_key.is_some() {
+                "API key required on /v1"
+            } else {
+                "no authentication"
+            }
+        );
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        tokio::select! {
+            r = deltafin::server::serve(listener, state) => r.map_err(anyhow::Error::from),
+            _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); Ok(()) }
+        }
+    })
+}
+
+/// Loads the engine and builds the server's state (on a blocking thread).
+fn serve_state(
+    a: &ServeArgs,
+    root: &std::path::Path,
+) -> anyhow::Result<Arc<deltafin::server::AppState>> {
+    let batch = (a.max_batch > 0).then_some(a.max_batch);
+    let mut engine = load_engine_cached(root, &a.store, &a.cache, batch)?;
+    // Prefill progress: a line on stderr every few seconds (the SSE stream keeps its
+    // keep-alives meanwhile).
+    engine
+        .model_mut()
+        .observe(Arc::new(PrefillProgress::new(ProgressMode::Lines)));
+    let cfg = deltafin::server::ServerConfig {
+        model_id: a.model_id.clone(),
+        max_tokens: a.max_tokens.max(1),
+        queue: a.queue,
+        max_batch: a.max_batch,
+        prefill_tokens: a.prefill_tokens.max(1),
+        body_limit: a.body_limit_mb.max(1) << 20,
+        speculation: a.spec.speculation(),
+        default_effort: std::env::var("K3_REASONING_EFFORT").ok(),
+        prompt_cache: !a.cache.no_prompt_cache,
+        api_key: a.api_key.clone(),
+        ..Default::default()
+    };
+    if deltafin::install::read_manifest(root)
+        .is_some_and(|m| m.mode == deltafin::install::Mode::Stream)
+    {
+        eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
+    }
+    eprintln!("loaded {}", root.display());
+    Ok(deltafin::server::AppState::new(engine, cfg))
+}
