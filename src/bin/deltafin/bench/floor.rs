@@ -6,11 +6,10 @@
 //! median of per-run ratios.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::experts::raw_read_jobs;
-use super::speculate::{files_under, ColdFiles};
+use super::speculate::ColdFiles;
 use super::{stream_read, Stats};
 use deltafin::checkpoint::Inventory;
 use deltafin::experts::drop_from_page_cache_all;
@@ -90,9 +89,7 @@ pub fn floor_bench(
         bound_files.push(largest_shard(root)?);
     }
     if o.cold {
-        let mut files = Vec::new();
-        files_under(root, &mut files)?;
-        model.observe(Arc::new(ColdFiles(files)));
+        ColdFiles::observe(model, root)?;
     }
     let cfg = model.config().clone();
     let r = model.spine().report();

@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use super::speculate::{files_under, ColdFiles};
+use super::speculate::ColdFiles;
 use super::Stats;
 use deltafin::generate::Speculation;
 use deltafin::runtime::batch::{BatchOptions, Request, Scheduler, SeqEvent};
@@ -194,9 +194,7 @@ pub fn serve_bench(
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
     if o.cold {
-        let mut files = Vec::new();
-        files_under(root, &mut files)?;
-        engine.model_mut().observe(Arc::new(ColdFiles(files)));
+        ColdFiles::observe(engine.model_mut(), root)?;
     }
     let e = Arc::new(engine);
     let most = o.batches.iter().copied().max().unwrap_or(1).max(2);

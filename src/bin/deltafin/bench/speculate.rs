@@ -8,7 +8,6 @@
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use super::Stats;
 use deltafin::generate::{Drafter, Generation, Speculation};
@@ -17,6 +16,16 @@ use deltafin::{Error, GenerateOptions, Generator, K3Model, Result};
 
 /// Drops every file of a model directory from the page cache at the start of each pass.
 pub(crate) struct ColdFiles(pub Vec<std::path::PathBuf>);
+
+impl ColdFiles {
+    /// Makes every pass of `model` start with `root`'s files out of the page cache.
+    pub(crate) fn observe(model: &mut K3Model, root: &Path) -> Result<()> {
+        let mut files = Vec::new();
+        files_under(root, &mut files)?;
+        model.observe(std::sync::Arc::new(ColdFiles(files)));
+        Ok(())
+    }
+}
 
 impl Observer for ColdFiles {
     fn on(&self, _layer: usize, event: &Event<'_>) {
@@ -120,9 +129,7 @@ pub fn spec_bench(
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
     if o.cold {
-        let mut files = Vec::new();
-        files_under(root, &mut files)?;
-        model.observe(Arc::new(ColdFiles(files)));
+        ColdFiles::observe(model, root)?;
     }
     let r = model.spine().report();
     emit(
