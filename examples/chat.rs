@@ -119,7 +119,7 @@ fn main() -> anyhow::Result<()> {
         } else {
             None
         },
-        tools: None,
+        ..Default::default()
     };
     let max_new: usize = std::env::var("DELTAFIN_MAX_NEW")
         .ok()
@@ -180,6 +180,9 @@ fn main() -> anyhow::Result<()> {
                 Delta::Content(t) => {
                     let _ = write!(out, "{t}");
                     let _ = out.flush();
+                }
+                Delta::ToolCall(c) => {
+                    let _ = write!(out, "\n[tool call] {}({})", c.name, c.arguments);
                 }
             },
         )?;

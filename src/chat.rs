@@ -28,9 +28,15 @@ pub struct Message {
     /// Optional author name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Tool name for `tool` messages.
+    /// Tool name for `tool` messages (else the name of the call `tool_call_id` answers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// An assistant's tool calls, rendered as its tools section.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -96,6 +102,10 @@ pub struct ChatOptions {
     pub effort: Option<Effort>,
     /// Tools as JSON Schema declarations.
     pub tools: Option<serde_json::Value>,
+    /// What `tool_choice` asks (rendered only with tools).
+    pub tool_choice: ToolChoice,
+    /// Whether several calls in one reply are allowed (`parallel_tool_calls`).
+    pub parallel_tool_calls: bool,
 }
 
 impl Default for ChatOptions {
@@ -104,6 +114,8 @@ impl Default for ChatOptions {
             thinking: true,
             effort: Some(Effort::Max),
             tools: None,
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
         }
     }
 }
@@ -150,8 +162,12 @@ pub fn close_turn(phase: Phase) -> Vec<Segment> {
         close_tag(&mut out, "think");
         open_tag(&mut out, "response", &[]);
     }
+    match phase {
+        Phase::Done => {}
+        Phase::Tools => close_tag(&mut out, "tools"),
+        _ => close_tag(&mut out, "response"),
+    }
     if phase != Phase::Done {
-        close_tag(&mut out, "response");
         close_tag(&mut out, "message");
     }
     end_of_message(&mut out);
@@ -174,6 +190,7 @@ fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
         )));
         close_tag(&mut out, "message");
         end_of_message(&mut out);
+        tools::render_choice(&mut out, &opts.tool_choice, opts.parallel_tool_calls);
     }
     if opts.thinking {
         if let Some(e) = opts.effort {
@@ -215,8 +232,8 @@ pub fn render_marked(
 ) -> Result<(Vec<Segment>, Vec<usize>)> {
     let mut out = preamble(opts)?;
     let mut marks = vec![out.len()];
-    for m in messages {
-        render_messages(&mut out, std::slice::from_ref(m), opts)?;
+    for at in 0..messages.len() {
+        render_message(&mut out, messages, at, opts)?;
         marks.push(out.len());
     }
     out.extend(render_continuation(&[], opts)?);
@@ -247,49 +264,88 @@ pub fn render_conversation(messages: &[Message], opts: &ChatOptions) -> Result<V
     Ok(out)
 }
 
-fn render_messages(out: &mut Vec<Segment>, messages: &[Message], opts: &ChatOptions) -> Result<()> {
-    for m in messages {
-        match m.role.as_str() {
-            "user" | "system" => {
-                let mut attrs = vec![("role", m.role.as_str())];
-                if let Some(n) = &m.name {
-                    attrs.push(("name", n.as_str()));
-                }
-                open_tag(out, "message", &attrs);
-                out.push(Segment::Text(m.content.clone()));
-            }
-            "assistant" => {
-                open_tag(out, "message", &[("role", "assistant")]);
-                if opts.thinking {
-                    open_tag(out, "think", &[]);
-                    if let Some(r) = m
-                        .reasoning_content
-                        .as_deref()
-                        .filter(|r| !r.trim().is_empty())
-                    {
-                        out.push(Segment::Text(r.to_string()));
-                    }
-                    close_tag(out, "think");
-                }
-                open_tag(out, "response", &[]);
-                out.push(Segment::Text(m.content.clone()));
-                close_tag(out, "response");
-            }
-            "tool" => {
-                let idx = "0";
-                let tool = m.tool.clone().unwrap_or_default();
-                open_tag(
-                    out,
-                    "message",
-                    &[("role", "tool"), ("tool", tool.as_str()), ("index", idx)],
-                );
-                out.push(Segment::Text(m.content.clone()));
-            }
-            other => return Err(Error::Msg(format!("unknown message role `{other}`"))),
+/// The tool name and 1-based call index a `tool` message answers: its `tool_call_id` looked up
+/// in the latest assistant message's calls, else its own `tool` name and its place among the
+/// tool messages after that assistant message.
+fn tool_target(messages: &[Message], at: usize) -> Result<(String, usize)> {
+    let m = &messages[at];
+    let asst = messages[..at].iter().rposition(|x| x.role == "assistant");
+    let calls = asst.map_or(&[][..], |a| &messages[a].tool_calls[..]);
+    if let Some(id) = &m.tool_call_id {
+        if let Some(i) = calls.iter().position(|c| c.id == *id) {
+            return Ok((
+                m.tool.clone().unwrap_or_else(|| calls[i].name.clone()),
+                i + 1,
+            ));
         }
-        close_tag(out, "message");
-        end_of_message(out);
+        if m.tool.is_none() {
+            return Err(Error::Msg(format!(
+                "tool message answers `{id}`, which no earlier assistant tool call has"
+            )));
+        }
     }
+    let n = messages[asst.map_or(0, |a| a + 1)..at]
+        .iter()
+        .filter(|x| x.role == "tool")
+        .count();
+    Ok((m.tool.clone().unwrap_or_default(), n + 1))
+}
+
+fn render_messages(out: &mut Vec<Segment>, messages: &[Message], opts: &ChatOptions) -> Result<()> {
+    (0..messages.len()).try_for_each(|at| render_message(out, messages, at, opts))
+}
+
+/// Renders `messages[at]` (the earlier ones give a tool message its call).
+fn render_message(
+    out: &mut Vec<Segment>,
+    messages: &[Message],
+    at: usize,
+    opts: &ChatOptions,
+) -> Result<()> {
+    let m = &messages[at];
+    match m.role.as_str() {
+        "user" | "system" => {
+            let mut attrs = vec![("role", m.role.as_str())];
+            if let Some(n) = &m.name {
+                attrs.push(("name", n.as_str()));
+            }
+            open_tag(out, "message", &attrs);
+            out.push(Segment::Text(m.content.clone()));
+        }
+        "assistant" => {
+            open_tag(out, "message", &[("role", "assistant")]);
+            if opts.thinking {
+                open_tag(out, "think", &[]);
+                if let Some(r) = m
+                    .reasoning_content
+                    .as_deref()
+                    .filter(|r| !r.trim().is_empty())
+                {
+                    out.push(Segment::Text(r.to_string()));
+                }
+                close_tag(out, "think");
+            }
+            open_tag(out, "response", &[]);
+            out.push(Segment::Text(m.content.clone()));
+            close_tag(out, "response");
+            if !m.tool_calls.is_empty() {
+                tools::render_calls(out, &m.tool_calls);
+            }
+        }
+        "tool" => {
+            let (tool, idx) = tool_target(messages, at)?;
+            let idx = idx.to_string();
+            open_tag(
+                out,
+                "message",
+                &[("role", "tool"), ("tool", &tool), ("index", &idx)],
+            );
+            out.push(Segment::Text(m.content.clone()));
+        }
+        other => return Err(Error::Msg(format!("unknown message role `{other}`"))),
+    }
+    close_tag(out, "message");
+    end_of_message(out);
     Ok(())
 }
 
@@ -314,8 +370,12 @@ pub fn segments_text(segs: &[Segment]) -> String {
         .collect()
 }
 
+mod force;
 mod splitter;
+mod tools;
+pub use force::ToolForcer;
 pub use splitter::{ChatSplitter, Delta, Phase};
+pub use tools::{parse_call, ToolCall, ToolChoice};
 
 #[cfg(test)]
 mod tests;

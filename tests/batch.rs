@@ -185,6 +185,7 @@ fn batched(
             choose: chooser(case, seen),
             on_event,
             cancel,
+            prompt_logits: None,
             drafter: match case.spec {
                 Spec::Oracle => Some(Box::new(Scripted {
                     prompt: case.prompt.len(),
@@ -312,6 +313,7 @@ fn a_full_scheduler_refuses_and_a_dropped_one_fails_what_is_left() {
             }),
             cancel: Arc::new(AtomicBool::new(false)),
             drafter: None,
+            prompt_logits: None,
         });
         if let Err(SubmitError::Busy { .. }) = r {
             refused += 1;

@@ -337,7 +337,7 @@ fn chat_logprobs_ignore_sampling_settings() {
     let opts = ChatOptions {
         thinking: false,
         effort: None,
-        tools: None,
+        ..Default::default()
     };
     let (segs, marks) = render_marked(&[Message::new("user", "Hello")], &opts).unwrap();
     let (prompt, _) = encode_marked(&tok, &segs, &marks);

@@ -3,6 +3,7 @@
 //! its special parts (`<|open|>`, `<|close|>`, `<|sep|>`, `<|end_of_msg|>`) came from special
 //! token ids: an answer that spells a marker with ordinary tokens is text.
 
+use super::tools::{parse_call, ToolCall};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// A delta produced by the splitter.
@@ -12,6 +13,8 @@ pub enum Delta {
     Reasoning(String),
     /// Answer text.
     Content(String),
+    /// A complete tool call from the reply's tools section.
+    ToolCall(ToolCall),
 }
 
 /// A marker: its parts, each `(text, is a special token)`.
@@ -28,6 +31,18 @@ pub(super) const RESP_CLOSE: Marker = &[
     ("<|sep|>", true),
 ];
 pub(super) const EOM: Marker = &[("<|end_of_msg|>", true)];
+/// The response closed and a tools section opened.
+const TOOLS_OPEN: Marker = &[
+    ("<|close|>", true),
+    ("response", false),
+    ("<|sep|>", true),
+    ("<|open|>", true),
+    ("tools", false),
+    ("<|sep|>", true),
+];
+const TOOLS_CLOSE: Marker = &[("<|close|>", true), ("tools", false), ("<|sep|>", true)];
+const CALL_OPEN: Marker = &[("<|open|>", true), ("call", false)];
+const CALL_CLOSE: Marker = &[("<|close|>", true), ("call", false), ("<|sep|>", true)];
 
 fn text(m: Marker) -> String {
     m.iter().map(|p| p.0).collect()
@@ -40,6 +55,8 @@ pub enum Phase {
     Reasoning,
     /// In the response block.
     Content,
+    /// In the tools section after the response.
+    Tools,
     /// The message was closed.
     Done,
 }
@@ -99,6 +116,8 @@ impl Pending {
 pub struct ChatSplitter {
     phase: Phase,
     pending: Pending,
+    /// Whether a tools section is parsed into calls (else it stays content).
+    tools: bool,
 }
 
 /// Length of the longest suffix of `s` that is a proper prefix of `marker`.
@@ -120,7 +139,15 @@ impl ChatSplitter {
                 Phase::Content
             },
             pending: Pending::default(),
+            tools: false,
         }
+    }
+
+    /// Parses a tools section after the response into `Delta::ToolCall`s (the request declared
+    /// tools and allows calls).
+    pub fn with_tools(mut self, on: bool) -> Self {
+        self.tools = on;
+        self
     }
 
     /// Whether the end of the message was seen.
@@ -166,7 +193,7 @@ impl ChatSplitter {
         }
         match phase {
             Phase::Reasoning => out.push(Delta::Reasoning(s.to_string())),
-            Phase::Content => out.push(Delta::Content(s.to_string())),
+            Phase::Content | Phase::Tools => out.push(Delta::Content(s.to_string())),
             Phase::Done => {}
         }
     }
@@ -232,9 +259,23 @@ impl ChatSplitter {
                     Self::emit(&mut out, Phase::Reasoning, &head.text);
                     return out;
                 }
+                Phase::Tools => {
+                    if self.drain_tools(&mut out, last) {
+                        continue;
+                    }
+                    return out;
+                }
                 Phase::Content => {
                     let p = &self.pending;
-                    if let Some(c) = p.find(EOM) {
+                    let eom = p.find(EOM);
+                    let tools = if self.tools { p.find(TOOLS_OPEN) } else { None };
+                    if let Some(t) = tools.filter(|&t| eom.is_none_or(|e| t < e)) {
+                        Self::emit(&mut out, Phase::Content, &p.text[..t]);
+                        self.phase = Phase::Tools;
+                        self.pending.take(t + text(TOOLS_OPEN).len());
+                        continue;
+                    }
+                    if let Some(c) = eom {
                         Self::emit_before(&mut out, Phase::Content, p, c, RESP_CLOSE);
                         self.phase = Phase::Done;
                         continue;
@@ -246,7 +287,15 @@ impl ChatSplitter {
                     }
                     // The close marker is structural only when the end of message follows, so
                     // it is held back until that is known.
-                    let marks = [text(RESP_CLOSE) + &text(EOM), text(EOM)];
+                    let marks = [
+                        text(RESP_CLOSE) + &text(EOM),
+                        text(EOM),
+                        if self.tools {
+                            text(TOOLS_OPEN)
+                        } else {
+                            String::new()
+                        },
+                    ];
                     let k = p.text.len() - Self::hold(p, &marks, RESP_CLOSE);
                     let head = self.pending.take(k);
                     Self::emit(&mut out, Phase::Content, &head.text);
@@ -254,5 +303,52 @@ impl ChatSplitter {
                 }
             }
         }
+    }
+
+    /// One step in the tools section: a complete call becomes a `ToolCall` (a malformed one,
+    /// its raw text as content), the section's close ends the reply, anything else is content.
+    /// Returns whether it made progress (else it waits for more text).
+    fn drain_tools(&mut self, out: &mut Vec<Delta>, last: bool) -> bool {
+        let p = &self.pending;
+        let lead = p.text.len() - p.text.trim_start_matches(|c: char| c.is_whitespace()).len();
+        let lead = (0..lead).find(|&i| p.special[i]).unwrap_or(lead);
+        if lead == p.text.len() {
+            if last {
+                self.pending = Pending::default();
+            }
+            return false;
+        }
+        if p.is_at(lead, TOOLS_CLOSE) {
+            self.phase = Phase::Done;
+            return true;
+        }
+        let eom = p.find(EOM);
+        if p.is_at(lead, CALL_OPEN) {
+            let close = p.text[lead..]
+                .match_indices(&text(CALL_CLOSE))
+                .map(|(i, _)| lead + i)
+                .find(|&i| p.is_at(i, CALL_CLOSE))
+                .filter(|&c| eom.is_none_or(|e| c < e));
+            if let Some(c) = close {
+                let end = c + text(CALL_CLOSE).len();
+                match parse_call(&p.text[lead..end], &p.special[lead..end]) {
+                    Some(call) => out.push(Delta::ToolCall(call)),
+                    None => Self::emit(out, Phase::Tools, &p.text[lead..end]),
+                }
+                self.pending.take(end);
+                return true;
+            }
+        }
+        if let Some(e) = eom {
+            Self::emit(out, Phase::Tools, &p.text[lead..e]);
+            self.phase = Phase::Done;
+            return true;
+        }
+        if last {
+            Self::emit(out, Phase::Tools, &p.text[lead..]);
+            self.pending = Pending::default();
+            return false;
+        }
+        false
     }
 }

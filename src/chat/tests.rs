@@ -4,7 +4,7 @@ use crate::checkpoint::tiktoken_fixture::{
     tiktoken_model_text, tokenizer_config_json, train_ranks,
 };
 
-fn fixture_tok() -> Tokenizer {
+pub(super) fn fixture_tok() -> Tokenizer {
     let dir = tempfile::tempdir().unwrap();
     let ranks = train_ranks(240);
     std::fs::write(
@@ -112,6 +112,7 @@ fn split_all(pushes: &[(String, usize)], thinking: bool) -> (String, String, boo
             match x {
                 Delta::Reasoning(t) => r.push_str(&t),
                 Delta::Content(t) => c.push_str(&t),
+                Delta::ToolCall(_) => panic!("tool call without tools"),
             }
         }
     };
@@ -233,6 +234,7 @@ fn push_id_marks_special_ids() {
         .into_iter()
         .map(|d| match d {
             Delta::Content(x) | Delta::Reasoning(x) => x,
+            Delta::ToolCall(_) => unreachable!(),
         })
         .collect();
     assert_eq!(text, "Hi <|end_of_msg|> there");

@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::logprobs::{self, TokenLogprob};
-use super::queue::{reserve, start, Ev};
+use super::queue::{reserve, start, ChatMode, Ev};
 use super::sse::{collect, sse, ChunkFn, LogprobFn};
 use super::validate::{self, ApiError, Sampling};
-use super::{error, AppState};
-use crate::chat::{encode_marked, render_marked, ChatOptions, Delta, Effort};
+use super::{error, tools, AppState};
+use crate::chat::{encode_marked, render_marked, ChatOptions, Delta, Effort, ToolForcer};
 use crate::tokenizer::Tokenizer;
 
 /// `/v1/models`.
@@ -91,7 +91,7 @@ async fn launch(
     (param, tokenize): (&str, Tokenize),
     default_max: usize,
     s: Sampling,
-    chat: Option<bool>,
+    chat: Option<ChatMode>,
 ) -> Result<Launched, ApiError> {
     // The request's max_tokens (else the endpoint's default), never above the server ceiling.
     let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
@@ -148,7 +148,9 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         &ChatOptions {
             thinking: req.thinking,
             effort,
-            tools: None,
+            tools: req.tools.tools.clone(),
+            tool_choice: req.tools.choice.clone(),
+            parallel_tool_calls: req.tools.parallel,
         },
     ) {
         Ok(s) => s,
@@ -156,6 +158,15 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
     };
     let tokenize = Box::new(move |t: &Tokenizer| encode_marked(t, &segs, &seg_marks));
     let want_lp = req.sampling.logprobs.is_some();
+    let t = &req.tools;
+    let mode = ChatMode {
+        thinking: req.thinking,
+        calls: t.calls_on(),
+        forcer: t
+            .tools
+            .as_ref()
+            .and_then(|_| ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel)),
+    };
     let Launched {
         rx,
         id,
@@ -169,7 +180,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         ("messages", tokenize),
         st.cfg.max_tokens,
         req.sampling,
-        Some(req.thinking),
+        Some(mode),
     )
     .await
     {
@@ -183,6 +194,17 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
                 if req.thinking {
                     msg["reasoning_content"] = json!(c.reasoning);
                 }
+                if !c.tool_calls.is_empty() {
+                    let calls: Vec<Value> = c
+                        .tool_calls
+                        .iter()
+                        .map(|x| tools::call_json(x, None))
+                        .collect();
+                    msg["tool_calls"] = json!(calls);
+                    if c.content.is_empty() {
+                        msg["content"] = Value::Null;
+                    }
+                }
                 let lp = want_lp.then(|| logprobs::chat_json(st.engine.tokenizer(), &c.logprobs));
                 Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model,
                     "choices": [{"index": 0, "message": msg, "logprobs": lp, "finish_reason": c.finish}], "usage": c.usage}))
@@ -194,10 +216,16 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
     let (id_lp, model_lp) = (id.clone(), model.clone());
     let first = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": Value::Null}]});
+    // Streamed calls are numbered in the order they arrive.
+    let calls = std::sync::atomic::AtomicUsize::new(0);
     let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
         let delta = match d {
             Some(Delta::Content(t)) => json!({"content": t}),
             Some(Delta::Reasoning(t)) => json!({"reasoning_content": t}),
+            Some(Delta::ToolCall(c)) => {
+                let i = calls.fetch_add(1, Ordering::SeqCst);
+                json!({"tool_calls": [tools::call_json(&c, Some(i))]})
+            }
             None => json!({}),
         };
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -224,6 +252,7 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) ->
         Err(e) => return error(e),
     };
     let prompt = req.prompt.clone();
+    let echo = req.sampling.echo.then(|| req.prompt.clone());
     let tokenize = Box::new(move |t: &Tokenizer| (t.encode_ordinary(&prompt), Vec::new()));
     let want_lp = req.sampling.logprobs.is_some();
     let Launched {
@@ -249,10 +278,14 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) ->
     if !stream {
         return match collect(rx).await {
             Ok(c) => {
-                let lp = want_lp
-                    .then(|| logprobs::completion_json(st.engine.tokenizer(), &c.logprobs, 0));
+                let tok = st.engine.tokenizer();
+                let lp = want_lp.then(|| match &echo {
+                    Some(_) => logprobs::echo_json(tok, &c.prompt_logprobs, &c.logprobs),
+                    None => logprobs::completion_json(tok, &c.logprobs, 0),
+                });
+                let text = echo.unwrap_or_default() + &c.content;
                 Json(json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": c.content, "finish_reason": c.finish, "logprobs": lp}], "usage": c.usage}))
+                    "choices": [{"index": 0, "text": text, "finish_reason": c.finish, "logprobs": lp}], "usage": c.usage}))
                 .into_response()
             }
             Err(e) => error(e),
@@ -262,7 +295,7 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) ->
     let chunk: ChunkFn = Arc::new(move |d: Option<Delta>, finish: Value| {
         let text = match d {
             Some(Delta::Content(t)) | Some(Delta::Reasoning(t)) => t,
-            None => String::new(),
+            Some(Delta::ToolCall(_)) | None => String::new(),
         };
         json!({"id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null}]})

@@ -91,6 +91,18 @@ pub fn completion_json(tok: &Tokenizer, lps: &[TokenLogprob], offset: usize) -> 
     json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": off})
 }
 
+/// Completions' shape with the prompt echoed: its tokens first (the first one has no
+/// log-probability or alternatives: `null`), then the generated ones.
+pub fn echo_json(tok: &Tokenizer, prompt: &[TokenLogprob], generated: &[TokenLogprob]) -> Value {
+    let all: Vec<TokenLogprob> = prompt.iter().chain(generated).cloned().collect();
+    let mut v = completion_json(tok, &all, 0);
+    if !prompt.is_empty() {
+        v["token_logprobs"][0] = Value::Null;
+        v["top_logprobs"][0] = Value::Null;
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::of;

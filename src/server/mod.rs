@@ -6,7 +6,8 @@
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
 //! token. Files: `handlers` (the endpoints), `queue` (admission and the hand-off to the
 //! scheduler), `sse` (streamed and collected responses), `stop` (stop sequences on the text),
-//! `ops` (API key, `/health`, `/metrics`, the loading router), `validate` (request bodies).
+//! `ops` (API key, `/health`, `/metrics`, the loading router), `tools` (tool calls on the
+//! wire), `validate` (request bodies).
 //! This file holds the settings, the shared state and the router.
 
 mod handlers;
@@ -15,6 +16,7 @@ mod ops;
 mod queue;
 mod sse;
 pub mod stop;
+pub mod tools;
 pub mod validate;
 
 pub use ops::loading_router;
@@ -59,6 +61,9 @@ pub struct ServerConfig {
     pub prompt_cache: bool,
     /// A bearer token every `/v1` route requires (None: no authentication).
     pub api_key: Option<String>,
+    /// A test hook: every reply is this text (special tokens allowed), then the end of
+    /// message, instead of the model's choice (the model still runs each step).
+    pub scripted_reply: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +81,7 @@ impl Default for ServerConfig {
             default_effort: None,
             prompt_cache: true,
             api_key: None,
+            scripted_reply: None,
         }
     }
 }
@@ -91,6 +97,8 @@ pub struct AppState {
     /// Requests holding a batch or queue place (`queue::Place`).
     places: AtomicUsize,
     next_id: AtomicUsize,
+    /// The second the server started (in tool call ids).
+    started: u64,
     /// Counters behind `/metrics`.
     metrics: ops::Metrics,
 }
@@ -133,6 +141,9 @@ impl AppState {
             max_batch,
             places: AtomicUsize::new(0),
             next_id: AtomicUsize::new(1),
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             metrics: Default::default(),
         })
     }

@@ -12,7 +12,7 @@ use super::logprobs::TokenLogprob;
 use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
-use crate::chat::{ChatSplitter, Delta};
+use crate::chat::{ChatSplitter, Delta, ToolForcer};
 use crate::generate::sample::Sampler;
 use crate::generate::StopReason;
 use crate::runtime::batch::{Request, SeqEvent};
@@ -51,11 +51,28 @@ pub(super) fn reserve(st: &Arc<AppState>) -> Result<Place, ApiError> {
     Ok(Place(st.clone()))
 }
 
+/// How a chat reply is read and kept: thinking on or off, its tools section returned as
+/// calls or left as text, and the tokens `tool_choice` forces.
+pub(super) struct ChatMode {
+    pub thinking: bool,
+    pub calls: bool,
+    pub forcer: Option<ToolForcer>,
+}
+
+/// A tool call's id: unique in this server's life, and across restarts by its start second.
+fn call_id(st: &AppState) -> String {
+    let n = st.next_id.fetch_add(1, Ordering::SeqCst);
+    format!("call_{:x}_{n}", st.started)
+}
+
 /// An event for the response.
 pub(super) enum Ev {
     Delta(Delta),
     /// A generated token's log-probability (sent before its text).
     Logprob(TokenLogprob),
+    /// A prompt token's log-probability (`echo`), in order; the first one's is NaN (nothing
+    /// predicts it).
+    PromptLogprob(TokenLogprob),
     Done {
         finish: &'static str,
         prompt: usize,
@@ -83,24 +100,31 @@ fn listener(
     place: Place,
     tx: mpsc::UnboundedSender<Ev>,
     cancel: Arc<AtomicBool>,
-    chat: Option<bool>,
+    chat: Option<(bool, bool)>,
     ended: Arc<tokio::sync::Notify>,
     (stops, lps): (Vec<String>, Option<Logprobs>),
 ) -> impl FnMut(SeqEvent) + Send {
     let mut place = Some(place);
     let mut dec = StreamDecoder::new();
-    let mut split = ChatSplitter::new(chat.unwrap_or(false));
+    let (thinking, calls) = chat.unwrap_or((false, false));
+    let mut split = ChatSplitter::new(thinking).with_tools(calls);
+    let mut called = false;
     let mut stop = StopMatcher::new(stops);
     // Tokens up to the one that completed a stop sequence (the rest are dropped).
     let mut counted = 0usize;
     move |ev| {
         // Content passes through the stop matcher (reasoning does not); a match cancels the
         // request, which leaves the batch at the next pass.
-        let send = |d: Vec<Delta>, stop: &mut StopMatcher| {
+        let mut send = |d: Vec<Delta>, stop: &mut StopMatcher| {
             for x in d {
                 let x = match x {
                     Delta::Content(t) => Delta::Content(stop.push(&t)),
                     _ if stop.matched() => continue,
+                    Delta::ToolCall(mut c) => {
+                        c.id = call_id(&st);
+                        called = true;
+                        Delta::ToolCall(c)
+                    }
                     r => r,
                 };
                 if matches!(&x, Delta::Content(t) if t.is_empty()) {
@@ -143,10 +167,11 @@ fn listener(
                 if !tail.is_empty() {
                     let _ = tx.send(Ev::Delta(Delta::Content(tail)));
                 }
-                let finish = if g.stop == StopReason::Stop || stop.matched() {
-                    "stop"
-                } else {
-                    "length"
+                let finish = match (g.stop == StopReason::Stop, stop.matched(), called) {
+                    (_, true, _) => "stop",
+                    (true, _, true) => "tool_calls",
+                    (true, _, false) => "stop",
+                    _ => "length",
                 };
                 let completion = if stop.matched() {
                     counted
@@ -186,7 +211,7 @@ pub(super) fn start(
     (ids, marks): (Vec<u32>, Vec<usize>),
     max_new: usize,
     s: Sampling,
-    chat: Option<bool>,
+    chat: Option<ChatMode>,
 ) -> mpsc::UnboundedReceiver<Ev> {
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -203,6 +228,32 @@ pub(super) fn start(
     let stop = s.stop.clone();
     let lps: Option<Logprobs> = s.logprobs.map(|_| Default::default());
     let (record, top) = (lps.clone(), s.logprobs.unwrap_or(0));
+    let tok_st = st.clone();
+    // The test hook: a scripted reply (then the end of message) instead of the model's choice.
+    let mut script: std::collections::VecDeque<u32> = match &st.cfg.scripted_reply {
+        Some(t) => {
+            let mut ids = st.engine.tokenizer().encode(t, true);
+            ids.push(st.engine.eos());
+            ids.into()
+        }
+        None => Default::default(),
+    };
+    let (mode, mut forcer) = match chat {
+        Some(c) => (Some((c.thinking, c.calls)), c.forcer),
+        None => (None, None),
+    };
+    let prompt_logits = (s.echo && s.logprobs.is_some()).then(|| {
+        let (tx, ids) = (tx.clone(), ids.clone());
+        let first = TokenLogprob {
+            id: ids[0],
+            logprob: f32::NAN,
+            top: Vec::new(),
+        };
+        let _ = tx.send(Ev::PromptLogprob(first));
+        Box::new(move |pos: usize, row: &[f32]| {
+            let _ = tx.send(Ev::PromptLogprob(super::logprobs::of(row, ids[pos], top)));
+        }) as crate::runtime::batch::PromptLogits
+    });
     let req = Request {
         ids,
         marks,
@@ -212,7 +263,11 @@ pub(super) fn start(
             speculation: st.cfg.speculation,
         },
         choose: Box::new(move |l: &[f32]| {
-            let id = sampler.choose(l);
+            let mut pick = || script.pop_front().unwrap_or_else(|| sampler.choose(l));
+            let id = match forcer.as_mut() {
+                Some(f) => f.next(tok_st.engine.tokenizer(), pick),
+                None => pick(),
+            };
             if let Some(Ok(mut q)) = record.as_ref().map(|q| q.lock()) {
                 q.push_back(super::logprobs::of(l, id, top));
             }
@@ -223,12 +278,13 @@ pub(super) fn start(
             place,
             tx.clone(),
             cancel.clone(),
-            chat,
+            mode,
             ended,
             (stop, lps),
         )),
         cancel,
         drafter: None,
+        prompt_logits,
     };
     if let Err(e) = st.scheduler.submit(req) {
         let _ = tx.send(Ev::Failed(e.to_string()));

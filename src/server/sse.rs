@@ -52,6 +52,7 @@ pub(super) fn sse(
                     vec![Event::default().data(chunk(Some(d), Value::Null).to_string())],
                     (rx, None, false),
                 )),
+                Some(Ev::PromptLogprob(_)) => Some((Vec::new(), (rx, None, false))),
                 Some(Ev::Logprob(l)) => Some((
                     vec![Event::default().data(lp_chunk(&l).to_string())],
                     (rx, None, false),
@@ -106,16 +107,23 @@ pub(super) struct Collected {
     pub usage: Value,
     /// Each token's log-probability (when asked for).
     pub logprobs: Vec<TokenLogprob>,
+    /// The reply's tool calls.
+    pub tool_calls: Vec<crate::chat::ToolCall>,
+    /// The prompt's log-probabilities (`echo` with `logprobs`).
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 /// Collects a whole generation.
 pub(super) async fn collect(mut rx: mpsc::UnboundedReceiver<Ev>) -> Result<Collected, ApiError> {
     let (mut content, mut reasoning, mut logprobs) = (String::new(), String::new(), Vec::new());
+    let (mut tool_calls, mut prompt_logprobs) = (Vec::new(), Vec::new());
     while let Some(ev) = rx.recv().await {
         match ev {
             Ev::Logprob(l) => logprobs.push(l),
+            Ev::PromptLogprob(l) => prompt_logprobs.push(l),
             Ev::Delta(Delta::Content(t)) => content.push_str(&t),
             Ev::Delta(Delta::Reasoning(t)) => reasoning.push_str(&t),
+            Ev::Delta(Delta::ToolCall(c)) => tool_calls.push(c),
             Ev::Done {
                 finish,
                 prompt,
@@ -128,6 +136,8 @@ pub(super) async fn collect(mut rx: mpsc::UnboundedReceiver<Ev>) -> Result<Colle
                     finish,
                     usage: usage(prompt, completion, cached),
                     logprobs,
+                    tool_calls,
+                    prompt_logprobs,
                 })
             }
             Ev::Failed(m) => {

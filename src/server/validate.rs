@@ -54,6 +54,8 @@ pub struct Sampling {
     pub stop: Vec<String>,
     /// Report log-probabilities with this many alternatives per token (None: none).
     pub logprobs: Option<usize>,
+    /// Completions: the prompt comes back before the text (and, with `logprobs`, is scored).
+    pub echo: bool,
 }
 
 /// A validated chat request.
@@ -67,6 +69,8 @@ pub struct ChatRequest {
     pub thinking: bool,
     /// Sampling and output settings.
     pub sampling: Sampling,
+    /// Tools, `tool_choice` and `parallel_tool_calls`.
+    pub tools: super::tools::ToolRequest,
 }
 
 /// A validated completion request.
@@ -94,14 +98,11 @@ const COMMON: &[&str] = &[
     "frequency_penalty",
 ];
 const UNSUPPORTED: &[&str] = &[
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "logit_bias",
     "response_format",
     "suffix",
-    "echo",
     "best_of",
 ];
 
@@ -176,11 +177,11 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
         }
     };
     let max_tokens = match num("max_tokens")?.or(num("max_completion_tokens")?) {
-        Some(v) if v >= 1.0 && v.fract() == 0.0 => Some(v as usize),
+        Some(v) if v >= 0.0 && v.fract() == 0.0 => Some(v as usize),
         Some(_) => {
             return Err(ApiError::bad(
                 "max_tokens",
-                "`max_tokens` must be a positive integer",
+                "`max_tokens` must be a non-negative integer",
             ))
         }
         None => None,
@@ -215,6 +216,7 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
         seed,
         stop,
         logprobs: None,
+        echo: false,
     })
 }
 
@@ -317,6 +319,9 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
             "max_completion_tokens",
             "thinking",
             "top_logprobs",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
         ],
     )?;
     let msgs = m
@@ -332,8 +337,14 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         let o = v
             .as_object()
             .ok_or_else(|| ApiError::bad(&f, "a message must be an object"))?;
+        let role = o.get("role").and_then(|r| r.as_str()).unwrap_or("");
+        let own = match role {
+            "assistant" => "tool_calls",
+            "tool" => "tool_call_id",
+            _ => "name",
+        };
         for k in o.keys() {
-            if !["role", "content", "reasoning_content", "name"].contains(&k.as_str()) {
+            if !["role", "content", "reasoning_content", "name", own].contains(&k.as_str()) {
                 return Err(ApiError::bad(
                     &format!("{f}.{k}"),
                     format!("unknown or unsupported message field `{k}`"),
@@ -344,7 +355,7 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
             .get("role")
             .and_then(|r| r.as_str())
             .ok_or_else(|| ApiError::bad(&format!("{f}.role"), "missing role"))?;
-        if !["system", "user", "assistant"].contains(&role) {
+        if !["system", "user", "assistant", "tool"].contains(&role) {
             return Err(ApiError::bad(
                 &format!("{f}.role"),
                 format!("role `{role}` is not supported"),
@@ -362,6 +373,22 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
             .and_then(|r| r.as_str())
             .map(String::from);
         msg.name = o.get("name").and_then(|r| r.as_str()).map(String::from);
+        msg.tool_calls = super::tools::message_calls(o.get("tool_calls"), &f)?;
+        if role == "tool" {
+            // A tool result names its call by `tool_call_id` (or, as older clients do, its
+            // function by `name`).
+            msg.tool = msg.name.take();
+            msg.tool_call_id = o
+                .get("tool_call_id")
+                .and_then(|r| r.as_str())
+                .map(String::from);
+            if msg.tool.is_none() && msg.tool_call_id.is_none() {
+                return Err(ApiError::bad(
+                    &format!("{f}.tool_call_id"),
+                    "a tool message needs `tool_call_id`",
+                ));
+            }
+        }
         messages.push(msg);
     }
     let effort = match m.get("reasoning_effort") {
@@ -384,19 +411,26 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         Some(_) => return Err(ApiError::bad("thinking", "`thinking` must be a boolean")),
     };
     let mut sampling = sampling(&m)?;
+    if sampling.max_tokens == Some(0) {
+        return Err(ApiError::bad(
+            "max_tokens",
+            "`max_tokens` must be at least 1",
+        ));
+    }
     sampling.logprobs = chat_logprobs(&m)?;
     Ok(ChatRequest {
         messages,
         effort,
         thinking,
         sampling,
+        tools: super::tools::request(&m)?,
     })
 }
 
 /// Validates a completion request body.
 pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     let m = object(body)?;
-    check_fields(&m, &["prompt"])?;
+    check_fields(&m, &["prompt", "echo"])?;
     let prompt = match m.get("prompt") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(Value::String(_)) => {
@@ -415,5 +449,22 @@ pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
         }
         _ => alternatives(&m, "logprobs")?,
     };
+    sampling.echo = match m.get("echo") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("echo", "`echo` must be a boolean")),
+    };
+    if sampling.echo && sampling.stream {
+        return Err(ApiError::bad(
+            "echo",
+            "`echo` is answered whole: use it without `stream`",
+        ));
+    }
+    if sampling.max_tokens == Some(0) && !sampling.echo {
+        return Err(ApiError::bad(
+            "max_tokens",
+            "`max_tokens` 0 needs `echo: true` (prompt scoring)",
+        ));
+    }
     Ok(CompletionRequest { prompt, sampling })
 }

@@ -59,7 +59,8 @@ impl Active {
     /// starts decoding at once). `None` when it already ended (no tokens wanted, or failed:
     /// its event is sent).
     pub fn admit(engine: &Engine, mut req: Request) -> Option<Active> {
-        if req.opts.max_new == 0 || req.ids.is_empty() {
+        let scoring = req.prompt_logits.is_some();
+        if (req.opts.max_new == 0 && !scoring) || req.ids.is_empty() {
             let g = Generation::empty(&req.ids);
             (req.on_event)(SeqEvent::Done(g));
             return None;
@@ -75,7 +76,8 @@ impl Active {
             return None;
         }
         let t0 = Instant::now();
-        let (state, start, logits) = match engine.prompt_cache().map(|c| c.lookup(&req.ids)) {
+        let cache = engine.prompt_cache().filter(|_| !scoring);
+        let (state, start, logits) = match cache.map(|c| c.lookup(&req.ids)) {
             Some(Ok(Some(r))) => (r.state, r.start, r.logits),
             Some(Err(e)) => {
                 (req.on_event)(SeqEvent::Failed(e.to_string()));
@@ -232,6 +234,19 @@ impl Active {
         let Phase::Prefill { at, cuts } = &mut self.phase else {
             return Ok(());
         };
+        // Scoring: the piece's `[n, V]` rows, each predicting the next prompt token.
+        let last = match self.req.prompt_logits.as_mut() {
+            Some(score) => {
+                let rows = logits.to_vec2::<f32>()?;
+                for (r, row) in rows.iter().enumerate() {
+                    if *at + r + 1 < self.req.ids.len() {
+                        score(*at + r + 1, row);
+                    }
+                }
+                rows.into_iter().last()
+            }
+            None => None,
+        };
         *at += n;
         let at = *at;
         // A piece never runs past the next cut: reaching it is `at == front`.
@@ -255,7 +270,10 @@ impl Active {
             }
             return Ok(());
         }
-        let logits = logits.to_vec1::<f32>()?;
+        let logits = match last {
+            Some(l) => l,
+            None => logits.to_vec1::<f32>()?,
+        };
         save(&self.req.ids, Some(&logits));
         tracing::debug!(
             "prefilled {} tokens ({} from the prompt cache) in {:.2} s",
@@ -263,6 +281,14 @@ impl Active {
             self.cached,
             self.t0.elapsed().as_secs_f64()
         );
+        if self.req.opts.max_new == 0 {
+            // A scoring request that wants no tokens ends with its prompt.
+            let mut g = Generation::empty(&self.req.ids);
+            g.prefill_ms = self.t0.elapsed().as_secs_f64() * 1e3;
+            (self.req.on_event)(SeqEvent::Done(g));
+            self.phase = Phase::Done;
+            return Ok(());
+        }
         self.start_decode(engine, logits);
         Ok(())
     }
@@ -304,10 +330,11 @@ pub(super) fn step(engine: &Engine, active: &mut [Active], opts: &BatchOptions) 
             Some(Rows::Decode(ids, drafts)) => (&ids[..], !drafts.is_empty()),
             None => continue,
         };
+        let scoring = a.req.prompt_logits.is_some() && matches!(p, Some(Rows::Prompt(..)));
         items.push(BatchItem {
             ids,
             state: &mut a.state,
-            logits: Logits::Last,
+            logits: if scoring { Logits::All } else { Logits::Last },
             undo,
         });
         owners.push(i);

@@ -58,6 +58,8 @@ pub enum SeqEvent {
 pub type Chooser = Box<dyn FnMut(&[f32]) -> u32 + Send>;
 /// Receives a request's events (on the scheduler's thread: keep it short).
 pub type Listener = Box<dyn FnMut(SeqEvent) + Send>;
+/// Receives each prompt position `p` (from 1) with the logits that predicted prompt token `p`.
+pub type PromptLogits = Box<dyn FnMut(usize, &[f32]) + Send>;
 
 /// One generation request.
 pub struct Request {
@@ -76,6 +78,9 @@ pub struct Request {
     /// Proposes drafts when `opts.speculation` is on (`None`: the n-gram drafter). The
     /// output does not depend on it.
     pub drafter: Option<Box<dyn Drafter>>,
+    /// Scores the prompt: every prompt row's logits go here (the prompt cache is not used,
+    /// since it keeps no per-position logits), and `opts.max_new` may be 0.
+    pub prompt_logits: Option<PromptLogits>,
 }
 
 /// Why `submit` refused a request.

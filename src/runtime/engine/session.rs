@@ -26,6 +26,8 @@ pub struct ChatTurn {
     pub reasoning: String,
     /// The reply's answer.
     pub content: String,
+    /// The reply's tool calls (with tools in the session's `ChatOptions`).
+    pub tool_calls: Vec<crate::chat::ToolCall>,
 }
 
 /// A session's saved position: restoring it continues from exactly here.
@@ -215,13 +217,17 @@ impl<'e> Session<'e> {
             (encode_segments(tok, &segs), Vec::new())
         };
         let mut dec = StreamDecoder::new();
-        let mut split = ChatSplitter::new(self.chat.thinking);
+        let calls_on =
+            self.chat.tools.is_some() && self.chat.tool_choice != crate::chat::ToolChoice::None;
+        let mut split = ChatSplitter::new(self.chat.thinking).with_tools(calls_on);
         let (mut reasoning, mut content) = (String::new(), String::new());
+        let mut calls = Vec::new();
         let mut emit = |d: Vec<Delta>, reasoning: &mut String, content: &mut String| {
             for x in d {
                 match &x {
                     Delta::Reasoning(t) => reasoning.push_str(t),
                     Delta::Content(t) => content.push_str(t),
+                    Delta::ToolCall(c) => calls.push(c.clone()),
                 }
                 on_delta(x);
             }
@@ -241,6 +247,7 @@ impl<'e> Session<'e> {
                 generation: g,
                 reasoning,
                 content,
+                tool_calls: calls,
             });
         }
         let mut rest = split.push(&dec.finish());
@@ -249,11 +256,13 @@ impl<'e> Session<'e> {
         self.phase = split.phase();
         let mut reply = Message::new("assistant", &content);
         reply.reasoning_content = Some(reasoning.clone());
+        reply.tool_calls = calls.clone();
         self.history.push(reply);
         Ok(ChatTurn {
             generation: g,
             reasoning,
             content,
+            tool_calls: calls,
         })
     }
 

@@ -93,6 +93,7 @@ fn request(ids: Vec<u32>, max_new: usize, on_event: deltafin::runtime::batch::Li
         on_event,
         cancel: Arc::new(AtomicBool::new(false)),
         drafter: None,
+        prompt_logits: None,
     }
 }
 

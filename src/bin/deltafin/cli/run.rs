@@ -181,7 +181,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             let opts = ChatOptions {
                 thinking,
                 effort,
-                tools: None,
+                ..Default::default()
             };
             encode_segments(t, &render(&[Message::new("user", p)], &opts)?)
         }
@@ -223,6 +223,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             match d {
                 Delta::Reasoning(t) if dim => eprint!("\x1b[2m{t}\x1b[0m"),
                 Delta::Reasoning(t) => eprint!("{t}"),
+                Delta::ToolCall(c) => println!("\n[tool call] {}({})", c.name, c.arguments),
                 Delta::Content(t) => {
                     print!("{t}");
                     let _ = std::io::Write::flush(&mut std::io::stdout());

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Args;
 
 use deltafin::progress::{PrefillProgress, ProgressMode};
@@ -47,6 +48,10 @@ pub struct ServeArgs {
     /// Bearer token every /v1 route requires (401 otherwise); /health and /metrics stay open.
     #[arg(long, env = "DELTAFIN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Testing only: every reply is this file's text (special tokens allowed), whatever the
+    /// model computes (scripts/openai_client_check.sh uses it for tool calls).
+    #[arg(long, hide = true)]
+    pub scripted_reply: Option<PathBuf>,
     /// Speculative decoding.
     #[command(flatten)]
     pub spec: SpecArgs,
@@ -122,7 +127,15 @@ fn serve_state(
     engine
         .model_mut()
         .observe(Arc::new(PrefillProgress::new(ProgressMode::Lines)));
+    let scripted_reply = match &a.scripted_reply {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the scripted reply {}", p.display()))?,
+        ),
+        None => None,
+    };
     let cfg = deltafin::server::ServerConfig {
+        scripted_reply,
         model_id: a.model_id.clone(),
         max_tokens: a.max_tokens.max(1),
         queue: a.queue,
