@@ -3,7 +3,7 @@
 Usage: python scripts/openai_client_check.py http://127.0.0.1:PORT/v1 [API_KEY]
 Checks models.list, a chat completion, a streamed chat completion (reading reasoning_content),
 a completion, stop sequences (cut out of an unstopped answer, plain and streamed) and
-logprobs (chat top_logprobs, completions logprobs). Exits
+logprobs (chat top_logprobs, completions logprobs), echo with max_tokens 0. Exits
 non-zero on any failure. With API_KEY (the server's --api-key), a wrong key must raise the
 client's AuthenticationError (401).
 """
@@ -90,4 +90,12 @@ lp = client.completions.create(model="deltafin-kimi-k3", prompt="Once upon a tim
 assert len(lp.choices[0].logprobs.token_logprobs) == 5, lp
 assert "".join(lp.choices[0].logprobs.tokens) == lp.choices[0].text, lp
 
-print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop, logprobs, API key: ok")
+# The loglikelihood request of evaluation harnesses: the prompt echoed and scored, no tokens.
+prompt = "Once upon a time there was"
+ll = client.completions.create(model="deltafin-kimi-k3", prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+lpe = ll.choices[0].logprobs
+assert ll.choices[0].text == prompt and ll.usage.completion_tokens == 0, ll
+assert lpe.token_logprobs[0] is None and all(v <= 0 for v in lpe.token_logprobs[1:]), lpe
+assert "".join(lpe.tokens) == prompt, lpe.tokens
+
+print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop, logprobs, echo, API key: ok")

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Starts `deltafin serve` on K3-nano and drives it with the official openai Python package,
-# installed from PyPI into a temporary virtualenv; then the load test (scripts/load_check.py):
+# installed from PyPI into a temporary virtualenv; tool calls against a scripted server
+# (scripts/openai_tools_check.py); then the load test (scripts/load_check.py):
 # 32 concurrent clients against `deltafin serve --max-batch 8` on the built-in K3-tiny. Run by
 # .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
-trap 'for p in ${server:-} ${server2:-} ${server3:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for p in ${server:-} ${server2:-} ${server3:-} ${server4:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 bin=target/release/deltafin
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture nano "$work/nano" 2>/dev/null
@@ -21,6 +22,20 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet openai
 "$work/venv/bin/python" scripts/openai_client_check.py "http://127.0.0.1:$port/v1" sk-check
 kill "$server" 2>/dev/null || true
+# Tool calls: a server whose every reply is the scripted K3 tools section.
+port4=$((port + 3))
+"$bin" serve --model-root "$work/nano" --port "$port4" --scripted-reply scripts/tool_reply.txt \
+  2>"$work/server4.log" &
+server4=$!
+for _ in $(seq 1 100); do
+  if curl -sf "http://127.0.0.1:$port4/health" >/dev/null; then break; fi
+  sleep 0.2
+done
+"$work/venv/bin/python" scripts/openai_tools_check.py "http://127.0.0.1:$port4/v1" || {
+  tail -20 "$work/server4.log"
+  exit 1
+}
+kill "$server4" 2>/dev/null || true
 port2=$((port + 1))
 "$bin" serve --port "$port2" --max-batch 8 --queue 16 2>"$work/server2.log" &
 server2=$!

@@ -5,6 +5,7 @@
 # K3-medium: three prefill chunks); routes and greedy ids must be identical and logits within
 # 2e-3 relative. Each run also has a negative control (mlx-lm with KDA's A_log read per channel)
 # that must disagree, so the check can see that error.
+# Also: our K3 tool-call parser against mlx-lm's kimi_k3 tool parser on one corpus.
 #   scripts/reference_check.sh [WORK_DIR]     # default target/reference-check
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,8 +33,13 @@ run --model "$repo/assets/k3-tiny" --name K3-tiny --seed 3 --json "$work/k3-tiny
 # A prompt of three prefill chunks (64 + 64 + 22 positions) against mlx-lm's single pass.
 run --model "$work/medium" --name K3-medium-150 --seed 4 --prompt-len 150 --generate 4 \
     --json "$work/medium-150.json"
+# Tool calls (issue 32): mlx-lm's kimi_k3 tool parser against ours on generated and hand-written
+# tools sections (the corpus is written by an ignored unit test).
+(cd "$repo" && DELTAFIN_TOOL_CORPUS="$work/tool-corpus.jsonl" \
+    cargo test --release --quiet --lib -- --ignored write_tool_corpus) || status=1
+"$venv/bin/python" "$repo/scripts/tool_parser_check.py" "$work/tool-corpus.jsonl" || status=1
 if [[ $status -ne 0 ]]; then
     echo "reference check: FAILED" >&2
     exit 1
 fi
-echo "reference check: 4 passed, 0 failed"
+echo "reference check: 5 passed, 0 failed"

@@ -15,18 +15,8 @@ fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> (u16, Value) {
     (st, serde_json::from_str(&b).unwrap_or(Value::Null))
 }
 
-const REPLY: &str = concat!(
-    "I should look it up.<|close|>think<|sep|><|open|>response<|sep|>Let me check.",
-    "<|close|>response<|sep|><|open|>tools<|sep|>",
-    "<|open|>call tool=\"get_weather\" index=\"1\"<|sep|>",
-    "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris \"centre\" & 漢字<|close|>argument<|sep|>",
-    "<|open|>argument key=\"days\" type=\"integer\"<|sep|>3<|close|>argument<|sep|>",
-    "<|open|>argument key=\"opts\" type=\"object\"<|sep|>{\"units\":[\"C\",{\"x\":null}]}<|close|>argument<|sep|>",
-    "<|close|>call<|sep|>",
-    "<|open|>call tool=\"search\" index=\"2\"<|sep|>",
-    "<|open|>json type=\"object\"<|sep|>{\"q\": \"weather\\nnow\"}<|close|>json<|sep|>",
-    "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"
-);
+/// The reply the scripted server gives (scripts/openai_client_check.sh uses it too).
+const REPLY: &str = include_str!("../scripts/tool_reply.txt");
 
 fn tools() -> Value {
     json!([

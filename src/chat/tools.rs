@@ -297,19 +297,20 @@ fn arguments(body: &[Item]) -> Option<String> {
             None
         })
     };
+    // Values keep the model's text (compacted): a round trip through f64 could move a
+    // number's last digit, and a map would sort the keys.
+    let is_json = |v: &str| serde_json::from_str::<serde_json::Value>(v).is_ok();
     if let Some((_, v)) = blocks("json").next() {
-        let obj: serde_json::Map<String, serde_json::Value> = serde_json::from_str(v).ok()?;
-        return Some(serde_json::Value::Object(obj).to_string());
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(v).ok()?;
+        return Some(compact(v));
     }
     let mut members: Vec<(String, String)> = Vec::new();
     for (attrs, v) in blocks("argument") {
         let key = attr(&attrs, "key")?.to_string();
         let value = match attr(&attrs, "type").unwrap_or("string") {
             "string" => serde_json::Value::String(v.into()).to_string(),
-            _ => match serde_json::from_str::<serde_json::Value>(v) {
-                Ok(x) => x.to_string(),
-                Err(_) => serde_json::Value::String(v.into()).to_string(),
-            },
+            _ if is_json(v) => compact(v),
+            _ => serde_json::Value::String(v.into()).to_string(),
         };
         members.retain(|(k, _)| *k != key);
         members.push((key, value));

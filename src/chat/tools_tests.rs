@@ -264,3 +264,79 @@ fn tool_messages_take_their_call_and_choices_render() {
         .to_string();
     assert!(err.contains("`nope`"), "{err}");
 }
+
+/// Hand-written sections: malformed calls and the forms a model may write loosely.
+const LOOSE: &[&str] = &[
+    "<|open|>call index=\"1\"<|sep|><|open|>argument key=\"a\"<|sep|>1<|close|>argument<|sep|><|close|>call<|sep|>",
+    "<|open|>call tool=\"f\"<|sep|><|open|>json type=\"object\"<|sep|>[1, 2]<|close|>json<|sep|><|close|>call<|sep|>",
+    "<|open|>call tool=\"f\"<|sep|><|open|>json type=\"object\"<|sep|>{oops<|close|>json<|sep|><|close|>call<|sep|><|open|>call tool=\"g\"<|sep|><|close|>call<|sep|>",
+    "<|open|>call tool=\"f\"<|sep|><|open|>argument type=\"string\"<|sep|>v<|close|>argument<|sep|><|close|>call<|sep|>",
+    "\n<|open|>call tool=\"f\" index=\"1\"<|sep|>\n  <|open|>argument key=\"a\" type=\"string\"<|sep|>x<|close|>argument<|sep|>\n  stray words\n  <|open|>argument key=\"b\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|>\n<|close|>call<|sep|>\n",
+    "<|open|>call tool=\"f\"<|sep|><|open|>argument key=\"a\" type=\"integer\"<|sep|>1<|close|>argument<|sep|><|open|>json type=\"object\"<|sep|>{\"z\": 2}<|close|>json<|sep|><|close|>call<|sep|>",
+    "<|open|>call tool=\"f\"<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>not a number<|close|>argument<|sep|><|open|>argument key=\"n2\" type=\"number\"<|sep|> 2.5e3 <|close|>argument<|sep|><|close|>call<|sep|>",
+    "",
+    "<|open|>call tool=\"q&quot;x&amp;y\"<|sep|><|open|>argument key=\"k&quot;\"<|sep|>&amp;<|close|>argument<|sep|><|close|>call<|sep|>",
+    "<|open|>call tool=\"f\"<|sep|><|open|>argument key=\"a\" type=\"string\"<|sep|>1<|close|>argument<|sep|><|open|>argument key=\"a\" type=\"integer\"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|>",
+    "<|open|>call tool=\"f\"<|sep|><|open|>argument key=\"empty\" type=\"string\"<|sep|><|close|>argument<|sep|><|close|>call<|sep|>",
+    "<|open|>call tool=\"f\"<|sep|><|open|>argument key=\"untyped\"<|sep|>42<|close|>argument<|sep|><|open|>argument key=\"list\" type=\"array\"<|sep|>[1, \"two\"]<|close|>argument<|sep|><|close|>call<|sep|>",
+];
+
+/// The section text after `<|open|>tools<|sep|>` fed through the splitter; the calls it gives.
+fn parse_section(tok: &Tokenizer, section: &str) -> Vec<ToolCall> {
+    let text = format!("x<|close|>response<|sep|><|open|>tools<|sep|>{section}<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>");
+    let mut s = ChatSplitter::new(false).with_tools(true);
+    let mut dec = StreamDecoder::new();
+    let mut out = Vec::new();
+    for id in tok.encode(&text, true) {
+        out.extend(s.push_id(tok, &mut dec, id));
+    }
+    out.extend(s.finish());
+    out.into_iter()
+        .filter_map(|d| match d {
+            Delta::ToolCall(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Writes the corpus `scripts/tool_parser_check.py` gives mlx-lm's kimi_k3 parser: generated
+/// turns and `LOOSE`, each its tools section's text and the calls this parser found. Run by
+/// the script: `DELTAFIN_TOOL_CORPUS=FILE cargo test --release --lib -- --ignored
+/// write_tool_corpus`.
+#[test]
+#[ignore]
+fn write_tool_corpus() {
+    let path = std::env::var("DELTAFIN_TOOL_CORPUS").expect("DELTAFIN_TOOL_CORPUS=FILE");
+    let tok = fixture_tok();
+    let mut r = Rng::new(7);
+    let mut lines = Vec::new();
+    let mut sections: Vec<String> = LOOSE.iter().map(|s| s.to_string()).collect();
+    while sections.len() < LOOSE.len() + 200 {
+        let m = Message {
+            tool_calls: calls(&mut r),
+            ..Message::new("assistant", "")
+        };
+        // A marker spelled in ordinary text is text here and structure to a text parser: the
+        // one intended difference, left out of the comparison.
+        if m.tool_calls.iter().any(|c| c.arguments.contains("<|")) {
+            continue;
+        }
+        let mut segs = Vec::new();
+        render_calls(&mut segs, &m.tool_calls);
+        let t = crate::chat::segments_text(&segs);
+        sections.push(
+            t["<|open|>tools<|sep|>".len()..t.len() - "<|close|>tools<|sep|>".len()].to_string(),
+        );
+    }
+    for s in &sections {
+        let calls: Vec<Value> = parse_section(&tok, s)
+            .into_iter()
+            // The arguments' text as it is (Python parses it: f64 via serde_json could move a
+            // last digit).
+            .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+            .collect();
+        lines.push(json!({"text": s, "calls": calls}).to_string());
+    }
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    eprintln!("{} sections written to {path}", lines.len());
+}
