@@ -371,9 +371,11 @@ pub fn segments_text(segs: &[Segment]) -> String {
 }
 
 mod force;
+mod json_mask;
 mod splitter;
 mod tools;
-pub use force::ToolForcer;
+pub use force::{JsonReply, ToolForcer};
+pub use json_mask::{token_table, JsonMask};
 pub use splitter::{ChatSplitter, Delta, Phase};
 pub use tools::{parse_call, ToolCall, ToolChoice};
 

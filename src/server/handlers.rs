@@ -17,7 +17,10 @@ use super::queue::{reserve, start, ChatMode, Ev};
 use super::sse::{collect, sse, ChunkFn, LogprobFn};
 use super::validate::{self, ApiError, Sampling};
 use super::{error, tools, AppState};
-use crate::chat::{encode_marked, render_marked, ChatOptions, Delta, Effort, ToolForcer};
+use crate::chat::{
+    encode_marked, render_marked, token_table, ChatOptions, Delta, Effort, JsonMask, JsonReply,
+    ToolForcer,
+};
 use crate::tokenizer::Tokenizer;
 
 /// `/v1/models`.
@@ -166,6 +169,15 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             .tools
             .as_ref()
             .and_then(|_| ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel)),
+        json: req
+            .json
+            .then(|| {
+                let tok = st.engine.tokenizer();
+                let vocab = st.engine.model().config().text().vocab_size;
+                let table = st.json_tokens.get_or_init(|| token_table(tok, vocab));
+                JsonReply::new(tok, JsonMask::new(table.clone()), req.thinking)
+            })
+            .flatten(),
     };
     let Launched {
         rx,

@@ -7,11 +7,12 @@
 //! token. Files: `handlers` (the endpoints), `queue` (admission and the hand-off to the
 //! scheduler), `sse` (streamed and collected responses), `stop` (stop sequences on the text),
 //! `ops` (API key, `/health`, `/metrics`, the loading router), `tools` (tool calls on the
-//! wire), `validate` (request bodies).
+//! wire), `validate` and `messages` (request bodies).
 //! This file holds the settings, the shared state and the router.
 
 mod handlers;
 pub mod logprobs;
+mod messages;
 mod ops;
 mod queue;
 mod sse;
@@ -99,6 +100,8 @@ pub struct AppState {
     next_id: AtomicUsize,
     /// The second the server started (in tool call ids).
     started: u64,
+    /// Every token's bytes, for `response_format` json_object masks (built on first use).
+    json_tokens: std::sync::OnceLock<std::sync::Arc<Vec<Option<Vec<u8>>>>>,
     /// Counters behind `/metrics`.
     metrics: ops::Metrics,
 }
@@ -145,6 +148,7 @@ impl AppState {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             metrics: Default::default(),
+            json_tokens: Default::default(),
         })
     }
 

@@ -12,7 +12,7 @@ use super::logprobs::TokenLogprob;
 use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
-use crate::chat::{ChatSplitter, Delta, ToolForcer};
+use crate::chat::{ChatSplitter, Delta, JsonReply, ToolForcer};
 use crate::generate::sample::Sampler;
 use crate::generate::StopReason;
 use crate::runtime::batch::{Request, SeqEvent};
@@ -57,6 +57,8 @@ pub(super) struct ChatMode {
     pub thinking: bool,
     pub calls: bool,
     pub forcer: Option<ToolForcer>,
+    /// `response_format` json_object.
+    pub json: Option<JsonReply>,
 }
 
 /// A tool call's id: unique in this server's life, and across restarts by its start second.
@@ -238,9 +240,9 @@ pub(super) fn start(
         }
         None => Default::default(),
     };
-    let (mode, mut forcer) = match chat {
-        Some(c) => (Some((c.thinking, c.calls)), c.forcer),
-        None => (None, None),
+    let (mode, mut forcer, mut json) = match chat {
+        Some(c) => (Some((c.thinking, c.calls)), c.forcer, c.json),
+        None => (None, None, None),
     };
     let prompt_logits = (s.echo && s.logprobs.is_some()).then(|| {
         let (tx, ids) = (tx.clone(), ids.clone());
@@ -263,10 +265,12 @@ pub(super) fn start(
             speculation: st.cfg.speculation,
         },
         choose: Box::new(move |l: &[f32]| {
-            let mut pick = || script.pop_front().unwrap_or_else(|| sampler.choose(l));
-            let id = match forcer.as_mut() {
-                Some(f) => f.next(tok_st.engine.tokenizer(), pick),
-                None => pick(),
+            let tok = tok_st.engine.tokenizer();
+            let mut pick = |l: &[f32]| script.pop_front().unwrap_or_else(|| sampler.choose(l));
+            let id = match (forcer.as_mut(), json.as_mut()) {
+                (Some(f), _) => f.next(tok, || pick(l)),
+                (None, Some(j)) => j.next(tok, l, pick),
+                (None, None) => pick(l),
             };
             if let Some(Ok(mut q)) = record.as_ref().map(|q| q.lock()) {
                 q.push_back(super::logprobs::of(l, id, top));

@@ -71,6 +71,8 @@ pub struct ChatRequest {
     pub sampling: Sampling,
     /// Tools, `tool_choice` and `parallel_tool_calls`.
     pub tools: super::tools::ToolRequest,
+    /// `response_format: {"type": "json_object"}`: the reply is masked to one JSON object.
+    pub json: bool,
 }
 
 /// A validated completion request.
@@ -101,7 +103,6 @@ const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
     "logit_bias",
-    "response_format",
     "suffix",
     "best_of",
 ];
@@ -273,42 +274,6 @@ fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
-fn text_content(v: &Value, field: &str) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Null => Ok(String::new()),
-        Value::Array(parts) => {
-            let mut out = String::new();
-            for (i, p) in parts.iter().enumerate() {
-                match (
-                    p.get("type").and_then(|t| t.as_str()),
-                    p.get("text").and_then(|t| t.as_str()),
-                ) {
-                    (Some("text"), Some(t)) => out.push_str(t),
-                    (Some(t), _) => {
-                        return Err(ApiError::bad(
-                            &format!("{field}[{i}].type"),
-                            format!("content part type `{t}` is not supported (text only)"),
-                        ))
-                    }
-                    _ => {
-                        return Err(ApiError::bad(
-                            &format!("{field}[{i}]"),
-                            "content parts need a `type`",
-                        ))
-                    }
-                }
-            }
-            Ok(out)
-        }
-        _ => Err(ApiError::bad(
-            field,
-            "content must be a string or a list of text parts",
-        )),
-    }
-}
-
-/// Validates a chat completion request body.
 pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let m = object(body)?;
     check_fields(
@@ -322,75 +287,10 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
             "tools",
             "tool_choice",
             "parallel_tool_calls",
+            "response_format",
         ],
     )?;
-    let msgs = m
-        .get("messages")
-        .and_then(|v| v.as_array())
-        .ok_or_else(|| ApiError::bad("messages", "`messages` must be a non-empty array"))?;
-    if msgs.is_empty() {
-        return Err(ApiError::bad("messages", "`messages` must not be empty"));
-    }
-    let mut messages = Vec::new();
-    for (i, v) in msgs.iter().enumerate() {
-        let f = format!("messages[{i}]");
-        let o = v
-            .as_object()
-            .ok_or_else(|| ApiError::bad(&f, "a message must be an object"))?;
-        let role = o.get("role").and_then(|r| r.as_str()).unwrap_or("");
-        let own = match role {
-            "assistant" => "tool_calls",
-            "tool" => "tool_call_id",
-            _ => "name",
-        };
-        for k in o.keys() {
-            if !["role", "content", "reasoning_content", "name", own].contains(&k.as_str()) {
-                return Err(ApiError::bad(
-                    &format!("{f}.{k}"),
-                    format!("unknown or unsupported message field `{k}`"),
-                ));
-            }
-        }
-        let role = o
-            .get("role")
-            .and_then(|r| r.as_str())
-            .ok_or_else(|| ApiError::bad(&format!("{f}.role"), "missing role"))?;
-        if !["system", "user", "assistant", "tool"].contains(&role) {
-            return Err(ApiError::bad(
-                &format!("{f}.role"),
-                format!("role `{role}` is not supported"),
-            ));
-        }
-        let mut msg = Message::new(
-            role,
-            &text_content(
-                o.get("content").unwrap_or(&Value::Null),
-                &format!("{f}.content"),
-            )?,
-        );
-        msg.reasoning_content = o
-            .get("reasoning_content")
-            .and_then(|r| r.as_str())
-            .map(String::from);
-        msg.name = o.get("name").and_then(|r| r.as_str()).map(String::from);
-        msg.tool_calls = super::tools::message_calls(o.get("tool_calls"), &f)?;
-        if role == "tool" {
-            // A tool result names its call by `tool_call_id` (or, as older clients do, its
-            // function by `name`).
-            msg.tool = msg.name.take();
-            msg.tool_call_id = o
-                .get("tool_call_id")
-                .and_then(|r| r.as_str())
-                .map(String::from);
-            if msg.tool.is_none() && msg.tool_call_id.is_none() {
-                return Err(ApiError::bad(
-                    &format!("{f}.tool_call_id"),
-                    "a tool message needs `tool_call_id`",
-                ));
-            }
-        }
-        messages.push(msg);
-    }
+    let messages = super::messages::messages(&m)?;
     let effort = match m.get("reasoning_effort") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => {
@@ -424,7 +324,41 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         thinking,
         sampling,
         tools: super::tools::request(&m)?,
+        json: response_format(m.get("response_format"))?,
     })
+    .and_then(|r| match r.json && r.tools.calls_on() {
+        true => Err(ApiError::bad(
+            "response_format",
+            "`response_format` json_object and tool calls cannot be combined (use tool_choice none)",
+        )),
+        false => Ok(r),
+    })
+}
+
+/// `response_format`: `text` (the default) or `json_object`; `json_schema` is refused.
+fn response_format(v: Option<&Value>) -> Result<bool, ApiError> {
+    let kind = match v {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::Object(o)) => o.get("type").and_then(|t| t.as_str()).unwrap_or(""),
+        Some(_) => {
+            return Err(ApiError::bad(
+                "response_format",
+                "`response_format` must be an object",
+            ))
+        }
+    };
+    match kind {
+        "text" => Ok(false),
+        "json_object" => Ok(true),
+        "json_schema" => Err(ApiError::bad(
+            "response_format",
+            "`json_schema` is not supported (no schema-driven mask yet); `json_object` constrains the reply to a JSON object",
+        )),
+        other => Err(ApiError::bad(
+            "response_format",
+            format!("`response_format` type `{other}` is not one of text, json_object"),
+        )),
+    }
 }
 
 /// Validates a completion request body.
