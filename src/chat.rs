@@ -375,7 +375,7 @@ mod json_mask;
 mod splitter;
 mod tools;
 pub use force::{JsonReply, ToolForcer};
-pub use json_mask::{token_table, JsonMask};
+pub use json_mask::{token_table, JsonMask, JsonState};
 pub use splitter::{ChatSplitter, Delta, Phase};
 pub use tools::{parse_call, ToolCall, ToolChoice};
 

@@ -8,6 +8,9 @@
 use crate::tokenizer::Tokenizer;
 
 const MAX_DEPTH: usize = 64;
+/// Whitespace between tokens of the object: at most this many bytes in a run, and one line
+/// break (a model left free pads with blank lines forever; indentation still fits).
+const MAX_WS: u8 = 12;
 
 /// Where the recognizer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +49,9 @@ pub struct JsonState {
     /// Open containers, `true` for an object.
     stack: u64,
     depth: u8,
+    /// The current whitespace run's length and whether it broke a line.
+    ws_run: u8,
+    ws_nl: bool,
 }
 
 impl Default for JsonState {
@@ -54,6 +60,8 @@ impl Default for JsonState {
             mode: Mode::Start,
             stack: 0,
             depth: 0,
+            ws_run: 0,
+            ws_nl: false,
         }
     }
 }
@@ -137,6 +145,18 @@ impl JsonState {
 
     /// Feeds one byte; `false` (state unspecified) when no valid object continues with it.
     pub fn feed(&mut self, b: u8) -> bool {
+        let between = !matches!(self.mode, Mode::Str { .. } | Mode::Lit(..) | Mode::Num(_));
+        if between && ws(b) {
+            // The reply opens with `{`; whitespace runs between tokens stay short.
+            let nl = b == b'\n' || b == b'\r';
+            if self.mode == Mode::Start || self.ws_run >= MAX_WS || (nl && self.ws_nl) {
+                return false;
+            }
+            self.ws_run += 1;
+            self.ws_nl |= nl;
+            return true;
+        }
+        (self.ws_run, self.ws_nl) = (0, false);
         match self.mode {
             Mode::Start => match b {
                 b'{' => self.push(true),

@@ -26,7 +26,17 @@ pub fn start_state(
     cfg: ServerConfig,
     context: Option<usize>,
 ) -> (SocketAddr, std::sync::Arc<AppState>) {
-    let dir = common::nano();
+    start_dir(cfg, context, &common::nano())
+}
+
+/// A server on the model in `dir`.
+#[allow(dead_code)]
+pub fn start_dir(
+    cfg: ServerConfig,
+    context: Option<usize>,
+    dir: &std::path::Path,
+) -> (SocketAddr, std::sync::Arc<AppState>) {
+    let dir = dir.to_path_buf();
     let mut model = K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
     if let Some(c) = context {
         model.set_context_limit(c);
