@@ -109,58 +109,6 @@ impl ToolForcer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::chat::tests::fixture_tok;
-
-    /// Runs the forcer over a scripted chooser; returns the text it let through.
-    fn run(choice: ToolChoice, parallel: bool, script: &str) -> String {
-        let tok = fixture_tok();
-        let mut f = ToolForcer::new(&tok, &choice, parallel).unwrap();
-        let eom = tok.special_id("<|end_of_msg|>").unwrap();
-        let mut script: VecDeque<u32> = tok.encode(script, true).into();
-        let mut out = Vec::new();
-        while out.last() != Some(&eom) && out.len() < 400 {
-            out.push(f.next(&tok, || script.pop_front().unwrap_or(eom)));
-        }
-        tok.decode(&out)
-    }
-
-    const ANSWER: &str = "Plain.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>";
-    const CALLS: &str = "ok<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"a\" index=\"1\"<|sep|><|close|>call<|sep|><|open|>call tool=\"b\" index=\"2\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
-
-    #[test]
-    fn choices_force_the_tokens_they_imply() {
-        assert!(ToolForcer::new(&fixture_tok(), &ToolChoice::Auto, true).is_none());
-        // none: the message ends where the response closes.
-        assert_eq!(
-            run(ToolChoice::None, true, CALLS),
-            "ok<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
-        );
-        // A named function: its call opens where the response closes (the chooser goes on).
-        let named = run(ToolChoice::Function("get".into()), true, ANSWER);
-        assert!(
-            named.starts_with("Plain.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get\" index=\"1\"<|sep|><|close|>message"),
-            "{named}"
-        );
-        let req = run(ToolChoice::Required, true, ANSWER);
-        assert!(
-            req.starts_with(
-                "Plain.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call<|close|>message"
-            ),
-            "{req}"
-        );
-        // No parallel calls: the section ends after the first.
-        assert_eq!(
-            run(ToolChoice::Auto, false, CALLS),
-            "ok<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"a\" index=\"1\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
-        );
-        // An answer without calls is left alone by `auto` with parallel calls off.
-        assert_eq!(run(ToolChoice::Auto, false, ANSWER), ANSWER);
-    }
-}
-
 /// `response_format: json_object`: the reply's response block is masked to one JSON object
 /// (`JsonMask`), then closed by forced tokens; a think block before it is left free.
 pub struct JsonReply {
@@ -229,5 +177,57 @@ impl JsonReply {
         } else if let Some(v) = self.since_open.as_mut() {
             v.push(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::tests::fixture_tok;
+
+    /// Runs the forcer over a scripted chooser; returns the text it let through.
+    fn run(choice: ToolChoice, parallel: bool, script: &str) -> String {
+        let tok = fixture_tok();
+        let mut f = ToolForcer::new(&tok, &choice, parallel).unwrap();
+        let eom = tok.special_id("<|end_of_msg|>").unwrap();
+        let mut script: VecDeque<u32> = tok.encode(script, true).into();
+        let mut out = Vec::new();
+        while out.last() != Some(&eom) && out.len() < 400 {
+            out.push(f.next(&tok, || script.pop_front().unwrap_or(eom)));
+        }
+        tok.decode(&out)
+    }
+
+    const ANSWER: &str = "Plain.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>";
+    const CALLS: &str = "ok<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"a\" index=\"1\"<|sep|><|close|>call<|sep|><|open|>call tool=\"b\" index=\"2\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+
+    #[test]
+    fn choices_force_the_tokens_they_imply() {
+        assert!(ToolForcer::new(&fixture_tok(), &ToolChoice::Auto, true).is_none());
+        // none: the message ends where the response closes.
+        assert_eq!(
+            run(ToolChoice::None, true, CALLS),
+            "ok<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+        );
+        // A named function: its call opens where the response closes (the chooser goes on).
+        let named = run(ToolChoice::Function("get".into()), true, ANSWER);
+        assert!(
+            named.starts_with("Plain.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get\" index=\"1\"<|sep|><|close|>message"),
+            "{named}"
+        );
+        let req = run(ToolChoice::Required, true, ANSWER);
+        assert!(
+            req.starts_with(
+                "Plain.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call<|close|>message"
+            ),
+            "{req}"
+        );
+        // No parallel calls: the section ends after the first.
+        assert_eq!(
+            run(ToolChoice::Auto, false, CALLS),
+            "ok<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"a\" index=\"1\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+        );
+        // An answer without calls is left alone by `auto` with parallel calls off.
+        assert_eq!(run(ToolChoice::Auto, false, ANSWER), ANSWER);
     }
 }

@@ -259,9 +259,11 @@ fn attr<'a>(attrs: &'a [(String, String)], k: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// A block `<|open|>TAG attrs<|sep|>[value]<|close|>TAG<|sep|>` at the head of `it`: its
-/// attributes, value and length in items.
-fn block<'a>(it: &[Item<'a>], tag: &str) -> Option<(Vec<(String, String)>, &'a str, usize)> {
+/// A block's attributes, value and length in items.
+type Block<'a> = (Vec<(String, String)>, &'a str, usize);
+
+/// A block `<|open|>TAG attrs<|sep|>[value]<|close|>TAG<|sep|>` at the head of `it`.
+fn block<'a>(it: &[Item<'a>], tag: &str) -> Option<Block<'a>> {
     let (Item::Open, Item::Text(head), Item::Sep) = (*it.first()?, *it.get(1)?, *it.get(2)?) else {
         return None;
     };

@@ -62,7 +62,10 @@ fn replay(tok: &Tokenizer, m: &Message) -> (String, String, Vec<ToolCall>) {
         tools: Some(json!([])),
         ..Default::default()
     };
-    let all = encode_segments(tok, &render_conversation(&[m.clone()], &opts).unwrap());
+    let all = encode_segments(
+        tok,
+        &render_conversation(std::slice::from_ref(m), &opts).unwrap(),
+    );
     let head = encode_segments(tok, &render_conversation(&[], &opts).unwrap()).len();
     // Skip `<|open|>message role="assistant"<|sep|><|open|>think<|sep|>`: the generation prompt.
     let prompt = crate::chat::render_continuation(&[], &opts).unwrap();

@@ -42,8 +42,6 @@ fn text_content(v: &Value, field: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Validates a chat completion request body.
-
 /// Validates `messages`: a non-empty list of system, user, assistant and tool messages.
 pub(super) fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     let msgs = m
