@@ -98,4 +98,28 @@ assert ll.choices[0].text == prompt and ll.usage.completion_tokens == 0, ll
 assert lpe.token_logprobs[0] is None and all(v <= 0 for v in lpe.token_logprobs[1:]), lpe
 assert "".join(lpe.tokens) == prompt, lpe.tokens
 
-print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop, logprobs, echo, API key: ok")
+# Structured outputs as the SDK sends them: a pydantic model turned into a strict json_schema
+# (title, enum with type, additionalProperties false), the reply parsed back into the model.
+from typing import List, Literal
+
+from pydantic import BaseModel
+
+
+class Cat(BaseModel):
+    mood: Literal["calm", "angry", "sleepy"]
+    legs: int
+    indoor: bool
+    toys: List[Literal["ball", "mouse"]]
+
+
+parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+for seed in range(3):
+    done = parse(
+        model="deltafin-kimi-k3", messages=[{"role": "user", "content": "Describe a cat."}],
+        response_format=Cat, max_tokens=300, seed=seed, temperature=0.8, extra_body={"thinking": False},
+    )
+    cat = done.choices[0].message.parsed
+    assert isinstance(cat, Cat), done
+    assert Cat.model_validate_json(done.choices[0].message.content) == cat, done
+
+print("openai client check: models, chat, streamed chat (reasoning_content), completion, stop, logprobs, echo, structured outputs, API key: ok")

@@ -5,7 +5,8 @@
 # K3-medium: three prefill chunks); routes and greedy ids must be identical and logits within
 # 2e-3 relative. Each run also has a negative control (mlx-lm with KDA's A_log read per channel)
 # that must disagree, so the check can see that error.
-# Also: our K3 tool-call parser against mlx-lm's kimi_k3 tool parser on one corpus.
+# Also: our K3 tool-call parser against mlx-lm's kimi_k3 tool parser on one corpus, and the
+# json_schema mask's replies against the jsonschema package.
 #   scripts/reference_check.sh [WORK_DIR]     # default target/reference-check
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,10 +15,11 @@ venv=${DELTAFIN_REFERENCE_VENV:-$repo/target/reference-venv}
 bin=$repo/target/release/deltafin
 mkdir -p "$work"
 # mlx-lm's package __init__ imports transformers, which its wheel lists as a dependency.
-if ! "$venv/bin/python" -c 'import mlx.core, mlx_lm.models.kimi_k3' 2>/dev/null; then
+# jsonschema validates the json_schema mask's replies.
+if ! "$venv/bin/python" -c 'import mlx.core, mlx_lm.models.kimi_k3, jsonschema' 2>/dev/null; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check \
-        'mlx==0.32.4' 'mlx-cpu==0.32.4' 'mlx-lm==0.32.2'
+        'mlx==0.32.4' 'mlx-cpu==0.32.4' 'mlx-lm==0.32.2' 'jsonschema==4.26.0'
 fi
 (cd "$repo" && cargo build --release --bin deltafin)
 rm -rf "$work/nano" "$work/medium"
@@ -38,6 +40,11 @@ run --model "$work/medium" --name K3-medium-150 --seed 4 --prompt-len 150 --gene
 (cd "$repo" && DELTAFIN_TOOL_CORPUS="$work/tool-corpus.jsonl" \
     cargo test --release --quiet --lib -- --ignored write_tool_corpus) || status=1
 "$venv/bin/python" "$repo/scripts/tool_parser_check.py" "$work/tool-corpus.jsonl" || status=1
+# response_format json_schema (issue 32): replies sampled under the schema mask, validated by the
+# jsonschema package.
+(cd "$repo" && DELTAFIN_SCHEMA_CORPUS="$work/schema-corpus.jsonl" \
+    cargo test --release --quiet --lib -- --ignored write_schema_corpus) || status=1
+"$venv/bin/python" "$repo/scripts/schema_check.py" "$work/schema-corpus.jsonl" || status=1
 if [[ $status -ne 0 ]]; then
     echo "reference check: FAILED" >&2
     exit 1

@@ -106,6 +106,17 @@ pub struct ChatOptions {
     pub tool_choice: ToolChoice,
     /// Whether several calls in one reply are allowed (`parallel_tool_calls`).
     pub parallel_tool_calls: bool,
+    /// `response_format` json_schema: the schema, rendered as a `response-format` system
+    /// message (the mask keeps the reply to it; this tells the model what to write).
+    pub response_schema: Option<serde_json::Value>,
+}
+
+impl ChatOptions {
+    /// Whether a tools section in the reply is returned as calls (tools declared, and
+    /// `tool_choice` is not `none`).
+    pub fn calls_on(&self) -> bool {
+        self.tool_choice.returns_calls(self.tools.is_some())
+    }
 }
 
 impl Default for ChatOptions {
@@ -116,6 +127,7 @@ impl Default for ChatOptions {
             tools: None,
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
+            response_schema: None,
         }
     }
 }
@@ -191,6 +203,20 @@ fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
         close_tag(&mut out, "message");
         end_of_message(&mut out);
         tools::render_choice(&mut out, &opts.tool_choice, opts.parallel_tool_calls);
+    }
+    if let Some(schema) = &opts.response_schema {
+        // K3's renderer names a response_format system message, not its words: these are ours.
+        open_tag(
+            &mut out,
+            "message",
+            &[("role", "system"), ("type", "response-format")],
+        );
+        let json = serde_json::to_string(schema).map_err(|e| Error::Msg(e.to_string()))?;
+        out.push(Segment::Text(format!(
+            "Reply with one JSON object that is valid against this JSON Schema.\n\n```json\n{json}\n```"
+        )));
+        close_tag(&mut out, "message");
+        end_of_message(&mut out);
     }
     if opts.thinking {
         if let Some(e) = opts.effort {
@@ -372,10 +398,14 @@ pub fn segments_text(segs: &[Segment]) -> String {
 
 mod force;
 mod json_mask;
+mod json_schema;
+mod schema_machine;
 mod splitter;
 mod tools;
 pub use force::{JsonReply, ToolForcer};
 pub use json_mask::{token_table, JsonMask, JsonState};
+pub use json_schema::{Schema, SchemaError};
+pub use schema_machine::SchemaMachine;
 pub use splitter::{ChatSplitter, Delta, Phase};
 pub use tools::{parse_call, ToolCall, ToolChoice};
 

@@ -212,8 +212,15 @@ fn echo_scores_the_prompt() {
     let addr = start(ServerConfig::default());
     let dir = common::nano();
     let tok = deltafin::tokenizer::Tokenizer::from_dir(&dir).unwrap();
-    let prompt = "The capital of France is Paris, and the largest planet is Jupiter.";
+    // Over two of the scheduler's 256-row scoring pieces, so that pieces join up.
+    let prompt: String = (0..30)
+        .map(|i| {
+            format!("Item {i}: the capital of France is Paris, and the largest planet is Jupiter. ")
+        })
+        .collect();
+    let prompt = prompt.as_str();
     let ids = tok.encode_ordinary(prompt);
+    assert!(ids.len() > 2 * 256, "{} tokens", ids.len());
     let req = json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 3});
     let (st, got) = post(addr, "/v1/completions", &req);
     assert_eq!(st, 200, "{got}");
@@ -323,5 +330,82 @@ fn json_object_replies_parse() {
     assert_eq!(
         (st, got["error"]["param"].as_str()),
         (400, Some("response_format"))
+    );
+}
+
+/// `json_schema` on K3-tiny: replies that end are valid against the schema (checked by hand
+/// here; scripts/schema_check.py checks sampled replies with the `jsonschema` package), replies
+/// cut by the limit are a prefix the walk accepts; a schema outside the subset is a 400 that
+/// names the keyword.
+#[test]
+fn json_schema_replies_follow_the_schema() {
+    let root = deltafin::assets::k3_tiny().unwrap();
+    let (addr, _) = client::start_dir(ServerConfig::default(), None, &root);
+    let schema = json!({"type": "object", "properties": {
+        "mood": {"enum": ["calm", "angry", "sleepy"]},
+        "legs": {"type": "integer"},
+        "indoor": {"type": "boolean"},
+        "toys": {"type": "array", "items": {"enum": ["ball", "mouse"]}, "maxItems": 2}},
+        "required": ["mood", "legs", "indoor"], "additionalProperties": false});
+    let compiled = deltafin::chat::Schema::compile(&schema).unwrap();
+    let mut ended = 0;
+    for (i, (temp, thinking)) in [(0.0, false), (0.9, false), (0.0, true), (1.2, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let req = json!({"messages": [{"role": "user", "content": "Describe a cat."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "strict": true, "schema": schema}},
+            "temperature": temp, "seed": i, "thinking": thinking, "max_tokens": 300});
+        let (st, got) = post(addr, "/v1/chat/completions", &req);
+        assert_eq!(st, 200, "{got}");
+        let c = &got["choices"][0];
+        let text = c["message"]["content"].as_str().unwrap();
+        let mut walk = deltafin::chat::SchemaMachine::new(&compiled);
+        assert!(text.bytes().all(|b| walk.feed(&compiled, b)), "{text:?}");
+        if c["finish_reason"] == "stop" {
+            assert!(walk.done(), "{text:?}");
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            let o = v.as_object().unwrap();
+            assert!(["calm", "angry", "sleepy"].contains(&o["mood"].as_str().unwrap()));
+            assert!(o["legs"].is_i64() || o["legs"].is_u64(), "{text}");
+            assert!(o["indoor"].is_boolean(), "{text}");
+            assert!(o
+                .keys()
+                .all(|k| ["mood", "legs", "indoor", "toys"].contains(&k.as_str())));
+            assert!(o
+                .get("toys")
+                .is_none_or(|t| t.as_array().unwrap().len() <= 2));
+            ended += 1;
+        } else {
+            assert_eq!(c["finish_reason"], "length", "{got}");
+        }
+    }
+    eprintln!("{ended} of 4 schema replies ended within 300 tokens");
+    for (schema, want) in [
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}),
+            "pattern",
+        ),
+        (json!({"type": "array"}), "root must be an object"),
+    ] {
+        let req = json!({"messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}});
+        let (st, got) = post(addr, "/v1/chat/completions", &req);
+        assert_eq!(
+            (st, got["error"]["param"].as_str()),
+            (400, Some("response_format")),
+            "{got}"
+        );
+        assert!(
+            got["error"]["message"].as_str().unwrap().contains(want),
+            "{got}"
+        );
+    }
+    let req = json!({"messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}});
+    assert_eq!(
+        post(addr, "/v1/chat/completions", &req).0,
+        400,
+        "a missing name"
     );
 }

@@ -4,6 +4,39 @@ use crate::checkpoint::tiktoken_fixture::{
     tiktoken_model_text, tokenizer_config_json, train_ranks,
 };
 
+/// A vocabulary of K3's size (163,840 ids) of printable tokens 1-16 bytes long (mean 8.5,
+/// above K3's), for the masks' cost tests.
+pub(super) fn k3_size_table() -> std::sync::Arc<Vec<Option<Vec<u8>>>> {
+    let mut r = Rng::new(5);
+    std::sync::Arc::new(
+        (0..163_840)
+            .map(|_| {
+                Some(
+                    (0..1 + r.below(16))
+                        .map(|_| b' ' + r.below(95) as u8)
+                        .collect(),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// `mask.apply` over the table's ids, 5 times: the median, min and max in ms, printed.
+pub(super) fn report_apply_ms(what: &str, mask: &JsonMask, ids: usize) {
+    let mut ms = Vec::new();
+    for _ in 0..5 {
+        let mut l = vec![0f32; ids];
+        let t = std::time::Instant::now();
+        mask.apply(&mut l);
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    eprintln!(
+        "{what} at {ids} ids: median {:.2} ms [{:.2}-{:.2}] per token",
+        ms[2], ms[0], ms[4]
+    );
+}
+
 pub(super) fn fixture_tok() -> Tokenizer {
     let dir = tempfile::tempdir().unwrap();
     let ranks = train_ranks(240);

@@ -39,6 +39,13 @@ pub enum ToolChoice {
     Function(String),
 }
 
+impl ToolChoice {
+    /// Whether a reply's tools section is returned as calls, given whether tools are declared.
+    pub fn returns_calls(&self, declared: bool) -> bool {
+        declared && *self != ToolChoice::None
+    }
+}
+
 /// The top-level members of a JSON object, in their written order, each value's text compacted;
 /// `None` when `s` is not a JSON object. (A `serde_json::Map` would sort them.)
 fn ordered_members(s: &str) -> Option<Vec<(String, String)>> {

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::logprobs::{self, TokenLogprob};
 use super::queue::{reserve, start, ChatMode, Ev};
 use super::sse::{collect, sse, ChunkFn, LogprobFn};
-use super::validate::{self, ApiError, Sampling};
+use super::validate::{self, ApiError, JsonFormat, Sampling};
 use super::{error, tools, AppState};
 use crate::chat::{
     encode_marked, render_marked, token_table, ChatOptions, Delta, Effort, JsonMask, JsonReply,
@@ -154,6 +154,10 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             tools: req.tools.tools.clone(),
             tool_choice: req.tools.choice.clone(),
             parallel_tool_calls: req.tools.parallel,
+            response_schema: match &req.json {
+                Some(JsonFormat::Schema(_, v)) => Some(v.clone()),
+                _ => None,
+            },
         },
     ) {
         Ok(s) => s,
@@ -169,15 +173,19 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             .tools
             .as_ref()
             .and_then(|_| ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel)),
-        json: req
-            .json
-            .then(|| {
-                let tok = st.engine.tokenizer();
-                let vocab = st.engine.model().config().text().vocab_size;
-                let table = st.json_tokens.get_or_init(|| token_table(tok, vocab));
-                JsonReply::new(tok, JsonMask::new(table.clone()), req.thinking)
-            })
-            .flatten(),
+        json: req.json.as_ref().and_then(|f| {
+            let tok = st.engine.tokenizer();
+            let vocab = st.engine.model().config().text().vocab_size;
+            let table = st
+                .json_tokens
+                .get_or_init(|| token_table(tok, vocab))
+                .clone();
+            let mask = match f {
+                JsonFormat::Object => JsonMask::new(table),
+                JsonFormat::Schema(s, _) => JsonMask::with_schema(table, s.clone()),
+            };
+            JsonReply::new(tok, mask, req.thinking)
+        }),
     };
     let Launched {
         rx,

@@ -11,7 +11,7 @@ use crate::chat::{ToolCall, ToolChoice};
 /// A request's tools.
 #[derive(Debug, Clone, Default)]
 pub struct ToolRequest {
-    /// The declarations (None: no tools, or an empty list).
+    /// The declarations (None: no tools).
     pub tools: Option<Value>,
     /// `tool_choice` (`auto` unless given).
     pub choice: ToolChoice,
@@ -22,7 +22,7 @@ pub struct ToolRequest {
 impl ToolRequest {
     /// Whether a tools section in the reply is returned as calls.
     pub fn calls_on(&self) -> bool {
-        self.tools.is_some() && self.choice != ToolChoice::None
+        self.choice.returns_calls(self.tools.is_some())
     }
 }
 
@@ -78,6 +78,13 @@ fn declared(tools: &[Value]) -> Result<Vec<String>, ApiError> {
 pub fn request(m: &Map<String, Value>) -> Result<ToolRequest, ApiError> {
     let tools = match m.get("tools") {
         None | Some(Value::Null) => Vec::new(),
+        // OpenAI refuses an empty list ("expected an array with minimum length 1"): so do we.
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::bad(
+                "tools",
+                "`tools` is empty: declare at least one function or leave `tools` out",
+            ))
+        }
         Some(Value::Array(a)) => a.clone(),
         Some(_) => return Err(ApiError::bad("tools", "`tools` must be a list")),
     };
@@ -142,7 +149,7 @@ pub fn request(m: &Map<String, Value>) -> Result<ToolRequest, ApiError> {
         }
     };
     Ok(ToolRequest {
-        tools: (!tools.is_empty()).then_some(Value::Array(tools)),
+        tools: (!names.is_empty()).then_some(Value::Array(tools)),
         choice,
         parallel,
     })

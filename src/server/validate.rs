@@ -71,8 +71,8 @@ pub struct ChatRequest {
     pub sampling: Sampling,
     /// Tools, `tool_choice` and `parallel_tool_calls`.
     pub tools: super::tools::ToolRequest,
-    /// `response_format: {"type": "json_object"}`: the reply is masked to one JSON object.
-    pub json: bool,
+    /// `response_format`: a JSON object or a schema the reply is masked to (None: text).
+    pub json: Option<JsonFormat>,
 }
 
 /// A validated completion request.
@@ -326,38 +326,67 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         tools: super::tools::request(&m)?,
         json: response_format(m.get("response_format"))?,
     })
-    .and_then(|r| match r.json && r.tools.calls_on() {
+    .and_then(|r| match r.json.is_some() && r.tools.calls_on() {
         true => Err(ApiError::bad(
             "response_format",
-            "`response_format` json_object and tool calls cannot be combined (use tool_choice none)",
+            "`response_format` json_object/json_schema and tool calls cannot be combined (use tool_choice none)",
         )),
         false => Ok(r),
     })
 }
 
-/// `response_format`: `text` (the default) or `json_object`; `json_schema` is refused.
-fn response_format(v: Option<&Value>) -> Result<bool, ApiError> {
-    let kind = match v {
-        None | Some(Value::Null) => return Ok(false),
-        Some(Value::Object(o)) => o.get("type").and_then(|t| t.as_str()).unwrap_or(""),
-        Some(_) => {
-            return Err(ApiError::bad(
-                "response_format",
-                "`response_format` must be an object",
-            ))
-        }
+/// What `response_format` asks the reply to be.
+#[derive(Debug, Clone)]
+pub enum JsonFormat {
+    /// `json_object`: one JSON object.
+    Object,
+    /// `json_schema`: a value valid against the compiled schema (and the schema as sent).
+    Schema(std::sync::Arc<crate::chat::Schema>, Value),
+}
+
+/// `response_format`: `text` (the default), `json_object` or `json_schema` (its `schema`
+/// compiled here, so that a schema outside the mask's subset is a 400 naming the keyword).
+fn response_format(v: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
+    let bad = |m: String| ApiError::bad("response_format", m);
+    let o = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(bad("`response_format` must be an object".into())),
     };
-    match kind {
-        "text" => Ok(false),
-        "json_object" => Ok(true),
-        "json_schema" => Err(ApiError::bad(
-            "response_format",
-            "`json_schema` is not supported (no schema-driven mask yet); `json_object` constrains the reply to a JSON object",
-        )),
-        other => Err(ApiError::bad(
-            "response_format",
-            format!("`response_format` type `{other}` is not one of text, json_object"),
-        )),
+    match o.get("type").and_then(|t| t.as_str()).unwrap_or("") {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(JsonFormat::Object)),
+        "json_schema" => {
+            let js = o
+                .get("json_schema")
+                .and_then(|j| j.as_object())
+                .ok_or_else(|| {
+                    bad(
+                        "`response_format.json_schema` must be an object with `name` and `schema`"
+                            .into(),
+                    )
+                })?;
+            let name_ok = js.get("name").and_then(|n| n.as_str()).is_some_and(|n| {
+                (1..=64).contains(&n.len())
+                    && n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            });
+            if !name_ok {
+                return Err(bad(
+                    "`response_format.json_schema.name` must be 1-64 of a-z, A-Z, 0-9, _ and -"
+                        .into(),
+                ));
+            }
+            match js.get("schema") {
+                None | Some(Value::Null) => Ok(Some(JsonFormat::Object)),
+                Some(s) => crate::chat::Schema::compile(s)
+                    .map(|c| Some(JsonFormat::Schema(std::sync::Arc::new(c), s.clone())))
+                    .map_err(|e| bad(format!("`response_format.json_schema.schema` {e}"))),
+            }
+        }
+        other => Err(bad(format!(
+            "`response_format` type `{other}` is not one of text, json_object, json_schema"
+        ))),
     }
 }
 

@@ -54,6 +54,11 @@ enum Rows {
     Decode(Vec<u32>, Vec<u32>),
 }
 
+/// The most prompt rows a scoring request (echo with logprobs) feeds in one pass: at K3's
+/// 163,840-id vocabulary its logits are 256 x 163,840 x 4 B = 168 MB, held twice, instead of
+/// growing with the pass (a 4,096-token pass would hold 5.4 GB).
+const SCORING_ROWS: usize = 256;
+
 impl Active {
     /// Takes a request into the batch: resumes it from the prompt cache (a whole-prompt hit
     /// starts decoding at once). `None` when it already ended (no tokens wanted, or failed:
@@ -216,7 +221,12 @@ impl Active {
         match &self.phase {
             Phase::Prefill { at, cuts } => {
                 let to = cuts.front().copied().unwrap_or(self.req.ids.len());
-                let n = (to - at).min(*budget);
+                // A scoring piece holds `[n, vocab]` fp32 logits twice (the tensor and its rows).
+                let cap = match self.req.prompt_logits {
+                    Some(_) => SCORING_ROWS,
+                    None => usize::MAX,
+                };
+                let n = (to - at).min(*budget).min(cap);
                 *budget -= n;
                 (n > 0).then_some(Rows::Prompt(*at, n))
             }

@@ -217,9 +217,7 @@ impl<'e> Session<'e> {
             (encode_segments(tok, &segs), Vec::new())
         };
         let mut dec = StreamDecoder::new();
-        let calls_on =
-            self.chat.tools.is_some() && self.chat.tool_choice != crate::chat::ToolChoice::None;
-        let mut split = ChatSplitter::new(self.chat.thinking).with_tools(calls_on);
+        let mut split = ChatSplitter::new(self.chat.thinking).with_tools(self.chat.calls_on());
         let (mut reasoning, mut content) = (String::new(), String::new());
         let mut calls = Vec::new();
         let mut emit = |d: Vec<Delta>, reasoning: &mut String, content: &mut String| {
