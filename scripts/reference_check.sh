@@ -5,8 +5,8 @@
 # K3-medium: three prefill chunks); routes and greedy ids must be identical and logits within
 # 2e-3 relative. Each run also has a negative control (mlx-lm with KDA's A_log read per channel)
 # that must disagree, so the check can see that error.
-# Also: our K3 tool-call parser against mlx-lm's kimi_k3 tool parser on one corpus, and the
-# json_schema mask's replies against the jsonschema package.
+# Also: our K3 tool-call parser against mlx-lm's kimi_k3 tool parser on one corpus, the
+# json_schema mask's replies against the jsonschema package, and gpt-oss against transformers.
 #   scripts/reference_check.sh [WORK_DIR]     # default target/reference-check
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,8 +45,26 @@ run --model "$work/medium" --name K3-medium-150 --seed 4 --prompt-len 150 --gene
 (cd "$repo" && DELTAFIN_SCHEMA_CORPUS="$work/schema-corpus.jsonl" \
     cargo test --release --quiet --lib -- --ignored write_schema_corpus) || status=1
 "$venv/bin/python" "$repo/scripts/schema_check.py" "$work/schema-corpus.jsonl" || status=1
+# gpt-oss (issue 33) against Hugging Face transformers' GptOssForCausalLM (CPU torch, fp32, the
+# MXFP4 experts dequantized by transformers): two seeds and shard splits, a prompt three times
+# the sliding window, every position's logits, routes and a greedy continuation, and three
+# negative controls (no SwiGLU clamp, YaRN range rounded, no sliding window) that must fail.
+tvenv=${DELTAFIN_TORCH_VENV:-$repo/target/reference-torch-venv}
+if ! "$tvenv/bin/python" -c 'import torch, transformers, accelerate' 2>/dev/null; then
+    python3 -m venv "$tvenv"
+    "$tvenv/bin/pip" install -q --disable-pip-version-check \
+        'torch==2.6.0' 'transformers==5.25.0' 'accelerate==1.16.0'
+fi
+for spec in "0 3" "7 1"; do
+    set -- $spec
+    rm -rf "$work/gpt-oss-$1"
+    "$bin" fixture gpt-oss-tiny "$work/gpt-oss-$1" --seed "$1" --shards "$2"
+    "$tvenv/bin/python" "$repo/scripts/gpt_oss_reference.py" --deltafin "$bin" \
+        --model "$work/gpt-oss-$1" --name "gpt-oss-tiny (seed $1, $2 shard files)" --seed "$1" \
+        --prompt-len 24 --generate 8 --json "$work/gpt-oss-$1.json" || status=1
+done
 if [[ $status -ne 0 ]]; then
     echo "reference check: FAILED" >&2
     exit 1
 fi
-echo "reference check: 5 passed, 0 failed"
+echo "reference check: 6 passed, 0 failed"

@@ -85,7 +85,8 @@ pub fn parse_shard_name(name: &str) -> Option<(usize, usize)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
-/// Orders and checks a set of shard file names: every index 1..=total, one total.
+/// Orders and checks a set of shard file names: every index 1..=total (or 0..=total, as
+/// gpt-oss names its shards), one total.
 pub fn order_shards(names: &[String], dir: &Path) -> Result<Vec<String>> {
     let err = |msg: String| Error::Checkpoint {
         dir: dir.to_path_buf(),
@@ -120,6 +121,10 @@ pub fn order_shards(names: &[String], dir: &Path) -> Result<Vec<String>> {
         }
     }
     let have: Vec<usize> = parsed.iter().map(|p| p.0).collect();
+    // gpt-oss's shards are named zero-based: model-00000-of-00002 … model-00002-of-00002.
+    if have.len() == total + 1 && have.iter().enumerate().all(|(k, &i)| k == i) {
+        return Ok(parsed.into_iter().map(|p| p.2).collect());
+    }
     if have.len() != total || have.iter().any(|&i| i == 0 || i > total) {
         // The first few missing indices, found without walking a claimed count (which comes
         // from a file name and may be 99999999999): `have` is sorted, so they lie within the
@@ -433,5 +438,17 @@ mod tests {
         )
         .is_err());
         assert!(order_shards(&[], d).is_err());
+        // gpt-oss's zero-based names: all of 0..=N, in order; a gap is still an error.
+        let zero = names(&[
+            "model-00002-of-00002.safetensors",
+            "model-00000-of-00002.safetensors",
+            "model-00001-of-00002.safetensors",
+        ]);
+        assert_eq!(
+            order_shards(&zero, d).unwrap(),
+            [zero[1].clone(), zero[2].clone(), zero[0].clone()]
+        );
+        assert!(order_shards(&zero[..2], d).is_err());
+        assert!(order_shards(&[zero[1].clone(), zero[2].clone()], d).is_err());
     }
 }

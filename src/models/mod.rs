@@ -1,5 +1,34 @@
 //! The models that run on the runtime. Each model's tensor names, config and modules live in
 //! its own folder; the runtime (`moe`, `experts`, `spine`, `compute`, `mxfp4`, `engine`) takes
-//! names and layouts as values.
+//! names and layouts as values. `ModelKind::detect` is the one place that tells them apart (by
+//! config.json's `model_type`).
 
+use std::path::Path;
+
+use crate::{Error, Result};
+
+pub mod gpt_oss;
 pub mod k3;
+
+/// The model families this crate runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Kimi K3 (`kimi_k3`, or K3's `text_config` layout).
+    K3,
+    /// gpt-oss (`gpt_oss`).
+    GptOss,
+}
+
+impl ModelKind {
+    /// The family of the checkpoint in `root`, from its config.json's `model_type`.
+    pub fn detect(root: &Path) -> Result<ModelKind> {
+        let path = root.join("config.json");
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| Error::Json { path, source: e })?;
+        Ok(match v.get("model_type").and_then(|t| t.as_str()) {
+            Some("gpt_oss") => ModelKind::GptOss,
+            _ => ModelKind::K3,
+        })
+    }
+}

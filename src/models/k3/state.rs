@@ -5,6 +5,7 @@
 
 use super::kda::KdaState;
 use super::mla::MlaState;
+use super::mla_cache::LatentCache;
 
 /// State of one layer's attention.
 #[derive(Debug, Clone)]
@@ -13,6 +14,15 @@ pub enum LayerState {
     Kda(KdaState),
     /// MLA latent cache.
     Mla(MlaState),
+    /// A key/value row cache (another model's attention, e.g. gpt-oss).
+    Kv(KvState),
+}
+
+/// A key/value cache: one row per position (the model decides the row's layout).
+#[derive(Debug, Clone)]
+pub struct KvState {
+    /// The rows.
+    pub cache: LatentCache,
 }
 
 /// All per-sequence state.
@@ -40,7 +50,8 @@ impl SeqState {
 #[derive(Debug)]
 enum LayerMark {
     Kda(KdaState),
-    Mla(usize),
+    /// A row cache's length (MLA or key/value).
+    Rows(usize),
 }
 
 /// Where a sequence stood before a call that may stop part-way (`SeqState::rewind`).
@@ -60,7 +71,8 @@ impl SeqState {
                 .iter()
                 .map(|l| match l {
                     LayerState::Kda(k) => LayerMark::Kda(k.clone()),
-                    LayerState::Mla(m) => LayerMark::Mla(m.cache.len()),
+                    LayerState::Mla(m) => LayerMark::Rows(m.cache.len()),
+                    LayerState::Kv(m) => LayerMark::Rows(m.cache.len()),
                 })
                 .collect(),
         }
@@ -73,7 +85,8 @@ impl SeqState {
         for (l, m) in self.layers.iter_mut().zip(mark.layers) {
             match (l, m) {
                 (LayerState::Kda(k), LayerMark::Kda(old)) => *k = old,
-                (LayerState::Mla(s), LayerMark::Mla(len)) => s.cache.truncate(len),
+                (LayerState::Mla(s), LayerMark::Rows(len)) => s.cache.truncate(len),
+                (LayerState::Kv(s), LayerMark::Rows(len)) => s.cache.truncate(len),
                 // A mark is only taken from this state, so the kinds always match.
                 _ => {}
             }
@@ -102,6 +115,8 @@ pub enum ArrayKind {
     KdaS,
     /// MLA's latent rows `[pos, width]`.
     MlaRows,
+    /// A key/value cache's rows `[pos, width]`.
+    KvRows,
 }
 
 impl SeqState {
@@ -118,6 +133,10 @@ impl SeqState {
                 LayerState::Mla(m) => {
                     let r = m.cache.rows();
                     out.push((info(ArrayKind::MlaRows, r.len()), r));
+                }
+                LayerState::Kv(m) => {
+                    let r = m.cache.rows();
+                    out.push((info(ArrayKind::KvRows, r.len()), r));
                 }
             }
         }
@@ -137,9 +156,9 @@ impl SeqState {
                         }
                     }
                 }
-                LayerState::Mla(m) => {
-                    if seen.insert(m.cache.buffer_id()) {
-                        bytes += m.cache.capacity_bytes() as u64;
+                LayerState::Mla(MlaState { cache }) | LayerState::Kv(KvState { cache }) => {
+                    if seen.insert(cache.buffer_id()) {
+                        bytes += cache.capacity_bytes() as u64;
                     }
                 }
             }
@@ -165,16 +184,18 @@ impl SeqState {
                         s: std::sync::Arc::new(s),
                     })
                 }
-                LayerState::Mla(m) => {
+                LayerState::Mla(MlaState { cache: c }) | LayerState::Kv(KvState { cache: c }) => {
                     let rows = it.next()?;
-                    let w = m.cache.width().max(1);
-                    if rows.len() != pos * w {
+                    if rows.len() != pos * c.width().max(1) {
                         return None;
                     }
-                    let mut cache = m.cache.clone();
+                    let mut cache = c.clone();
                     cache.truncate(0);
                     cache.append(&rows);
-                    LayerState::Mla(MlaState { cache })
+                    match l {
+                        LayerState::Mla(_) => LayerState::Mla(MlaState { cache }),
+                        _ => LayerState::Kv(KvState { cache }),
+                    }
                 }
             });
         }

@@ -210,7 +210,7 @@ pub fn read(path: &Path, fingerprint: &str, template: &SeqState) -> Result<Loade
         && header.arrays.iter().zip(&want).all(|(h, w)| {
             h.layer == w.layer
                 && h.what == w.what
-                && (h.what == ArrayKind::MlaRows || h.len == w.len)
+                && (matches!(h.what, ArrayKind::MlaRows | ArrayKind::KvRows) || h.len == w.len)
         });
     if !shape_ok || header.sums.len() != want.len() + usize::from(header.logits > 0) {
         return Err(refused(

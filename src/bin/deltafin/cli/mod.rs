@@ -183,6 +183,18 @@ pub enum FixtureKind {
         #[arg(long, default_value_t = deltafin::checkpoint::fixture::K3_LAYERS)]
         layers: usize,
     },
+    /// A tiny gpt-oss in the hub's exact format (zero-based shard names, stacked MXFP4 experts).
+    #[command(name = "gpt-oss-tiny")]
+    GptOssTiny {
+        /// Output directory.
+        dir: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Number of shard files.
+        #[arg(long, default_value_t = 3)]
+        shards: usize,
+    },
 }
 
 /// Runs a parsed command line.
@@ -218,6 +230,11 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     "wrote K3-slice ({layers} layers, {experts} experts) to {}",
                     dir.display()
                 );
+            }
+            FixtureKind::GptOssTiny { dir, seed, shards } => {
+                use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
+                write_gpt_oss(&dir, &GptOssShape::tiny(), seed, shards)?;
+                eprintln!("wrote gpt-oss-tiny to {}", dir.display());
             }
             FixtureKind::K3Full { dir, seed, layers } => {
                 let t0 = std::time::Instant::now();

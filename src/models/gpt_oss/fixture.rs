@@ -1,0 +1,306 @@
+//! gpt-oss checkpoints in the hub's exact format, written from a seed: `config.json` as
+//! published (both top-k spellings, `layer_types`, YaRN with `truncate: false`,
+//! `quantization_config.quant_method: "mxfp4"`), shards named as the hub names them
+//! (`model-00000-of-0000N.safetensors` … `model-0000N-of-0000N`, zero-based: N + 1 files) with
+//! `model.safetensors.index.json`, BF16 dense tensors, and each layer's experts stacked as MXFP4
+//! `_blocks` `[E, rows, cols/32, 16]` / `_scales` `[E, rows, cols/32]` with BF16 `_bias`.
+//! Files are written atomically. Owns no model math.
+
+use std::io::Write;
+use std::path::Path;
+
+use safetensors::Dtype;
+
+use crate::checkpoint::header::{build_header, DtypeExt};
+use crate::checkpoint::rng::Rng;
+use crate::fsio::atomic::{write_atomic, write_atomic_with};
+use crate::{Error, Result};
+
+use super::config::GptOssConfig;
+use super::names::{self, EXPERT_PARTS};
+
+/// The dimensions of a fixture.
+#[derive(Debug, Clone)]
+pub struct GptOssShape {
+    /// Decoder layers.
+    pub layers: usize,
+    /// Residual width.
+    pub hidden: usize,
+    /// Expert FFN width.
+    pub inter: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// Experts per layer.
+    pub experts: usize,
+    /// Top-k.
+    pub top_k: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Sliding window.
+    pub window: usize,
+    /// YaRN's pre-training context (the factor is 4 on it).
+    pub original_context: usize,
+    /// Rotary base.
+    pub rope_theta: f64,
+}
+
+impl GptOssShape {
+    /// A tiny gpt-oss for tests: 4 layers (sliding, full, …), window 8, 8 experts, top-4.
+    pub fn tiny() -> Self {
+        GptOssShape {
+            layers: 4,
+            hidden: 64,
+            inter: 64,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 16,
+            experts: 8,
+            top_k: 4,
+            vocab: 512,
+            window: 8,
+            original_context: 64,
+            rope_theta: 10000.0,
+        }
+    }
+
+    /// The config.json of this shape, with every field the published one has.
+    pub fn config(&self) -> serde_json::Value {
+        let types: Vec<&str> = (0..self.layers)
+            .map(|l| {
+                if l.is_multiple_of(2) {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        serde_json::json!({
+            "architectures": ["GptOssForCausalLM"],
+            "attention_bias": true,
+            "attention_dropout": 0.0,
+            "eos_token_id": self.vocab - 1,
+            "experts_per_token": self.top_k,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden,
+            "initial_context_length": self.original_context,
+            "initializer_range": 0.02,
+            "intermediate_size": self.inter,
+            "layer_types": types,
+            "max_position_embeddings": self.original_context * 4,
+            "model_type": "gpt_oss",
+            "num_attention_heads": self.heads,
+            "num_experts_per_tok": self.top_k,
+            "num_hidden_layers": self.layers,
+            "num_key_value_heads": self.kv_heads,
+            "num_local_experts": self.experts,
+            "output_router_logits": false,
+            "pad_token_id": self.vocab - 2,
+            "quantization_config": {
+                "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                           "model.embed_tokens", "lm_head"],
+                "quant_method": "mxfp4"
+            },
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {
+                "beta_fast": 32.0, "beta_slow": 1.0, "factor": 4.0,
+                "original_max_position_embeddings": self.original_context,
+                "rope_type": "yarn", "truncate": false
+            },
+            "rope_theta": self.rope_theta,
+            "router_aux_loss_coef": 0.9,
+            "sliding_window": self.window,
+            "swiglu_limit": 7.0,
+            "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16",
+            "use_cache": true,
+            "vocab_size": self.vocab
+        })
+    }
+}
+
+/// How a tensor's values are drawn.
+#[derive(Debug, Clone, Copy)]
+enum Fill {
+    /// BF16 normal × scale.
+    Normal(f32),
+    /// BF16 `1 + normal × scale` (norm weights).
+    AroundOne(f32),
+    /// Random E2M1 code bytes.
+    Codes,
+    /// E8M0 scales in `[lo, lo + span)`.
+    Scales(u8, u8),
+}
+
+struct Tensor {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    fill: Fill,
+}
+
+impl Tensor {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn bytes(&self, seed: u64) -> Vec<u8> {
+        // Each tensor its own stream, so the values do not depend on the shard split.
+        let mut rng = Rng::new(seed ^ crate::fsio::checksum(self.name.as_bytes()));
+        let n = self.numel();
+        let bf16 = |v: f32| half::bf16::from_f32(v).to_le_bytes();
+        match self.fill {
+            Fill::Normal(s) => (0..n).flat_map(|_| bf16(rng.normal() as f32 * s)).collect(),
+            Fill::AroundOne(s) => (0..n)
+                .flat_map(|_| bf16(1.0 + rng.normal() as f32 * s))
+                .collect(),
+            Fill::Codes => (0..n).map(|_| rng.next_u64() as u8).collect(),
+            Fill::Scales(lo, span) => (0..n).map(|_| lo + rng.below(span as u64) as u8).collect(),
+        }
+    }
+}
+
+/// Every tensor of the model, in the order the hub's shards list them (layer by layer).
+fn tensors(s: &GptOssShape) -> Vec<Tensor> {
+    let t = |name: String, shape: Vec<usize>, fill| Tensor {
+        dtype: match fill {
+            Fill::Codes | Fill::Scales(..) => Dtype::U8,
+            _ => Dtype::BF16,
+        },
+        name,
+        shape,
+        fill,
+    };
+    let (h, qd, kd) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let w = |fan_in: usize| Fill::Normal(1.0 / (fan_in as f32).sqrt());
+    let mut v = vec![t(names::EMBED.into(), vec![s.vocab, h], Fill::Normal(1.0))];
+    for l in 0..s.layers {
+        let n = |x: &str| names::layer(l, x);
+        v.push(t(
+            n("input_layernorm.weight"),
+            vec![h],
+            Fill::AroundOne(0.1),
+        ));
+        for (p, rows, cols) in [("q_proj", qd, h), ("k_proj", kd, h), ("v_proj", kd, h)] {
+            v.push(t(
+                n(&format!("self_attn.{p}.weight")),
+                vec![rows, cols],
+                w(cols),
+            ));
+            v.push(t(
+                n(&format!("self_attn.{p}.bias")),
+                vec![rows],
+                Fill::Normal(0.1),
+            ));
+        }
+        v.push(t(n("self_attn.o_proj.weight"), vec![h, qd], w(qd)));
+        v.push(t(n("self_attn.o_proj.bias"), vec![h], Fill::Normal(0.1)));
+        v.push(t(n("self_attn.sinks"), vec![s.heads], Fill::Normal(1.0)));
+        v.push(t(
+            n("post_attention_layernorm.weight"),
+            vec![h],
+            Fill::AroundOne(0.1),
+        ));
+        v.push(t(n("mlp.router.weight"), vec![s.experts, h], w(h)));
+        v.push(t(n("mlp.router.bias"), vec![s.experts], Fill::Normal(0.1)));
+        let e = s.experts;
+        let (gu, i) = (2 * s.inter, s.inter);
+        let parts = [
+            (vec![e, gu, h / 32, 16], Fill::Codes),
+            (vec![e, gu, h / 32], Fill::Scales(124, 3)),
+            (vec![e, gu], Fill::Normal(0.1)),
+            (vec![e, h, i / 32, 16], Fill::Codes),
+            (vec![e, h, i / 32], Fill::Scales(118, 3)),
+            (vec![e, h], Fill::Normal(0.1)),
+        ];
+        for (p, (shape, fill)) in EXPERT_PARTS.iter().zip(parts) {
+            v.push(t(n(&format!("mlp.experts.{p}")), shape, fill));
+        }
+    }
+    v.push(t(names::NORM.into(), vec![h], Fill::AroundOne(0.1)));
+    v.push(t(names::LM_HEAD.into(), vec![s.vocab, h], w(h)));
+    v
+}
+
+/// Writes a gpt-oss checkpoint of `shape` into `dir` in `files` shards (named zero-based, as
+/// the hub names gpt-oss's; one file is `model.safetensors`), returning its validated config.
+pub fn write_gpt_oss(
+    dir: &Path,
+    shape: &GptOssShape,
+    seed: u64,
+    files: usize,
+) -> Result<GptOssConfig> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let all = tensors(shape);
+    let total: usize = all
+        .iter()
+        .map(|t| t.numel() * t.dtype.bytes() as usize)
+        .sum();
+    let files = files.clamp(1, all.len());
+    // Split in order into `files` runs of about equal bytes. A boundary may fall inside a
+    // layer's dense tensors (as in the hub's gpt-oss-20b, whose layer 18 starts in one file and
+    // ends in the next) but never between a layer's six expert tensors: the expert store reads
+    // an expert from one file.
+    let mut runs: Vec<Vec<&Tensor>> = vec![Vec::new()];
+    let mut acc = 0usize;
+    for t in &all {
+        let b = t.numel() * t.dtype.bytes() as usize;
+        let inside_experts = t.name.contains(".mlp.experts.") && !t.name.ends_with(EXPERT_PARTS[0]);
+        if acc >= total * runs.len() / files && runs.len() < files && !inside_experts {
+            runs.push(Vec::new());
+        }
+        acc += b;
+        runs.last_mut().expect("one run at least").push(t);
+    }
+    runs.retain(|r| !r.is_empty());
+    let last = runs.len() - 1;
+    // One file is `model.safetensors` with no index, as the hub's single-file checkpoints are.
+    let name = |i: usize| match last {
+        0 => "model.safetensors".to_string(),
+        _ => format!("model-{i:05}-of-{last:05}.safetensors"),
+    };
+    let mut weight_map = serde_json::Map::new();
+    for (i, run) in runs.iter().enumerate() {
+        let path = dir.join(name(i));
+        let entries: Vec<_> = run
+            .iter()
+            .map(|t| (t.name.clone(), t.dtype, t.shape.clone()))
+            .collect();
+        let header = build_header(&entries)?;
+        write_atomic_with(&path, |w| {
+            w.write_all(&header).map_err(|e| Error::io(&path, e))?;
+            for t in run {
+                w.write_all(&t.bytes(seed))
+                    .map_err(|e| Error::io(&path, e))?;
+                weight_map.insert(t.name.clone(), name(i).into());
+            }
+            Ok(())
+        })?;
+    }
+    if last > 0 {
+        let index =
+            serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        write_atomic(
+            &dir.join("model.safetensors.index.json"),
+            index.to_string().as_bytes(),
+        )?;
+    }
+    let config = shape.config();
+    let text = serde_json::to_string_pretty(&config).map_err(|e| Error::Msg(e.to_string()))?;
+    write_atomic(&dir.join("config.json"), text.as_bytes())?;
+    write_atomic(
+        &dir.join("generation_config.json"),
+        format!(
+            r#"{{"bos_token_id": {}, "do_sample": true, "eos_token_id": [{}], "pad_token_id": {}}}"#,
+            shape.vocab - 3,
+            shape.vocab - 1,
+            shape.vocab - 2
+        )
+        .as_bytes(),
+    )?;
+    GptOssConfig::from_file(&dir.join("config.json"))
+}

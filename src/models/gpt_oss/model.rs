@@ -1,0 +1,435 @@
+//! `GptOssModel`: gpt-oss (20b/120b) on the runtime's pieces. Dense tensors (attention, router,
+//! norms, embedding, lm_head) are read in their stored BF16 form from memory-mapped shards
+//! through the crate's dense kernels (the page cache holds them; nothing is widened to an fp32
+//! copy); the routed experts stream through any `ExpertProvider` (the tiered store: RAM tier,
+//! direct reads, prefetch) and run on the MoE executor. Per-sequence state is one key/value
+//! row cache per layer in `SeqState` (`LayerState::Kv`), so snapshots, marks and saved states
+//! work as for K3. Owns gpt-oss's forward order; must not touch the network.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::Dtype;
+
+use crate::checkpoint::Inventory;
+use crate::experts::{ExpertProvider, TieredExperts, TieredOptions};
+use crate::kernels::dense::{gemm, DenseData, DenseMatrix};
+use crate::models::k3::mla_cache::LatentCache;
+use crate::models::k3::observe::{Event, Observer, Observers};
+use crate::models::k3::state::{KvState, LayerState, SeqState};
+use crate::moe::{ExecOptions, Gating, Route, RoutedExperts};
+use crate::{Error, Result};
+
+use super::attention::{attend, AttnShape};
+use super::config::{AttnKind, GptOssConfig};
+use super::names;
+use super::rope::Rope;
+
+/// Where one stored matrix or vector lies.
+#[derive(Debug, Clone, Copy)]
+struct Stored {
+    shard: usize,
+    start: usize,
+    end: usize,
+    dtype: Dtype,
+    rows: usize,
+    cols: usize,
+}
+
+/// A projection: its matrix and bias.
+#[derive(Debug, Clone)]
+struct Linear {
+    w: Stored,
+    b: Vec<f32>,
+}
+
+/// One decoder layer's dense tensors.
+#[derive(Debug)]
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    sinks: Vec<f32>,
+    router: Linear,
+    shape: AttnShape,
+}
+
+/// gpt-oss, loaded.
+pub struct GptOssModel {
+    cfg: GptOssConfig,
+    maps: Vec<Mmap>,
+    layers: Vec<Layer>,
+    embed: Stored,
+    norm: Vec<f32>,
+    lm_head: Stored,
+    rope: Rope,
+    moe: RoutedExperts,
+    experts: Arc<dyn ExpertProvider>,
+    exec: ExecOptions,
+    context_limit: usize,
+    observers: Observers,
+}
+
+impl GptOssModel {
+    /// Opens `root` (config.json and the shards) with the experts in a tiered store.
+    pub fn open(root: &Path, opts: &TieredOptions) -> Result<Self> {
+        let cfg = GptOssConfig::from_file(&root.join("config.json"))?;
+        let inv = Inventory::from_dir(root)?;
+        let index = names::expert_index(&inv, &cfg)?;
+        let inv = Arc::new(inv);
+        let store = TieredExperts::new(Arc::new(index), Some(inv.clone()), None, opts)?;
+        Self::with_experts(cfg, &inv, Arc::new(store))
+    }
+
+    /// The model over an already built expert provider.
+    pub fn with_experts(
+        cfg: GptOssConfig,
+        inv: &Inventory,
+        experts: Arc<dyn ExpertProvider>,
+    ) -> Result<Self> {
+        let maps = inv
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                let p = inv.shard_path(i);
+                let f = std::fs::File::open(&p).map_err(|e| Error::io(&p, e))?;
+                // SAFETY: the shard is opened read-only; the model never writes it, and a
+                // checkpoint replaced underneath a running engine is outside its contract
+                // (installs write new files and rename them into place).
+                unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&p, e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let embed = matrix(inv, names::EMBED, v, h)?;
+        let lm_head = matrix(inv, names::LM_HEAD, v, h)?;
+        let norm = vector(inv, &maps, names::NORM, h)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| load_layer(inv, &maps, &cfg, l))
+            .collect::<Result<Vec<_>>>()?;
+        let moe = RoutedExperts {
+            ffn: names::expert_ffn(&cfg),
+            top_k: cfg.top_k(),
+        };
+        Ok(GptOssModel {
+            rope: Rope::new(&cfg),
+            context_limit: cfg.max_position_embeddings,
+            cfg,
+            maps,
+            layers,
+            embed,
+            norm,
+            lm_head,
+            moe,
+            experts,
+            exec: ExecOptions::default(),
+            observers: Observers::default(),
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &GptOssConfig {
+        &self.cfg
+    }
+
+    /// The expert provider.
+    pub fn experts(&self) -> &Arc<dyn ExpertProvider> {
+        &self.experts
+    }
+
+    /// Attaches an observer (it sees `PassStart`, each MoE layer's `Routes`, `PassEnd`).
+    pub fn observe(&mut self, o: Arc<dyn Observer>) {
+        self.observers.push(o);
+    }
+
+    /// Positions a sequence may hold.
+    pub fn context_limit(&self) -> usize {
+        self.context_limit
+    }
+
+    /// Lowers (or, up to `max_position_embeddings`, raises) the context limit.
+    pub fn set_context_limit(&mut self, n: usize) {
+        self.context_limit = n.clamp(1, self.cfg.max_position_embeddings);
+    }
+
+    /// An empty sequence: one key/value row cache per layer.
+    pub fn new_state(&self) -> SeqState {
+        SeqState {
+            pos: 0,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| {
+                    LayerState::Kv(KvState {
+                        cache: LatentCache::new(l.shape.row_width(), self.context_limit),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Feeds `ids` and returns the logits of the last position `[vocab]`.
+    pub fn forward(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
+        let x = self.hidden(ids, state)?;
+        let h = self.cfg.hidden_size;
+        self.logits(&x[x.len() - h..], 1)
+    }
+
+    /// Feeds `ids` and returns every position's logits `[T, vocab]` (row-major).
+    pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
+        let x = self.hidden(ids, state)?;
+        self.logits(&x, ids.len())
+    }
+
+    /// The final hidden rows `[T, hidden]` after the last layer (before the final norm).
+    fn hidden(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
+        self.check_input(ids, state)?;
+        let mut x = self.embed_rows(ids)?;
+        let start = Event::PassStart {
+            first_pos: state.pos,
+            tokens: ids.len(),
+        };
+        self.observers.on(0, &start);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let LayerState::Kv(kv) = &mut state.layers[l] else {
+                return Err(Error::Msg(format!(
+                    "layer {l}: the state is not a gpt-oss key/value state"
+                )));
+            };
+            self.attention(layer, &mut x, &mut kv.cache, state.pos)?;
+            self.mlp(l, layer, &mut x)?;
+        }
+        state.pos += ids.len();
+        self.observers.on(self.layers.len(), &Event::PassEnd);
+        Ok(x)
+    }
+
+    /// Refuses empty input, ids past the vocabulary and growth past the context limit.
+    pub fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()> {
+        if ids.is_empty() {
+            return Err(Error::Msg("no input ids".into()));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
+            return Err(Error::Msg(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.cfg.vocab_size
+            )));
+        }
+        if state.layers.len() != self.layers.len() {
+            return Err(Error::Msg(format!(
+                "a state of {} layers for a model of {}",
+                state.layers.len(),
+                self.layers.len()
+            )));
+        }
+        let needed = state.pos + ids.len();
+        if needed > self.context_limit {
+            return Err(Error::ContextLimit {
+                needed,
+                limit: self.context_limit,
+            });
+        }
+        Ok(())
+    }
+
+    fn bytes(&self, s: &Stored) -> &[u8] {
+        &self.maps[s.shard][s.start..s.end]
+    }
+
+    fn dense(&self, s: &Stored) -> Result<DenseMatrix<'_>> {
+        let b = self.bytes(s);
+        let data = match s.dtype {
+            Dtype::F32 => DenseData::F32(b),
+            _ => DenseData::Bf16(b),
+        };
+        DenseMatrix::new(data, s.rows, s.cols)
+    }
+
+    /// `x · Wᵀ + b` for `t` rows.
+    fn linear(&self, p: &Linear, x: &[f32], t: usize) -> Result<Vec<f32>> {
+        let mut y = vec![0f32; t * p.w.rows];
+        gemm(&self.dense(&p.w)?, x, t, &mut y)?;
+        for row in y.chunks_exact_mut(p.b.len()) {
+            row.iter_mut().zip(&p.b).for_each(|(a, c)| *a += c);
+        }
+        Ok(y)
+    }
+
+    fn embed_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        let h = self.cfg.hidden_size;
+        let width = if self.embed.dtype == Dtype::F32 { 4 } else { 2 };
+        let all = self.bytes(&self.embed);
+        Ok(ids
+            .iter()
+            .flat_map(|&i| {
+                to_f32(
+                    &all[i as usize * h * width..][..h * width],
+                    self.embed.dtype,
+                )
+            })
+            .collect())
+    }
+
+    /// `x += o(attn(rope(q), rope(k), v))` over the cache, after the input norm.
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &mut [f32],
+        cache: &mut LatentCache,
+        first: usize,
+    ) -> Result<()> {
+        let (h, s) = (self.cfg.hidden_size, layer.shape);
+        let t = x.len() / h;
+        let n = rms_norm(x, &layer.input_norm, self.cfg.rms_norm_eps as f32);
+        let mut q = self.linear(&layer.q, &n, t)?;
+        let k = self.linear(&layer.k, &n, t)?;
+        let v = self.linear(&layer.v, &n, t)?;
+        let (qd, kd) = (s.heads * s.d, s.kv_heads * s.d);
+        let mut rows = Vec::with_capacity(t * s.row_width());
+        for r in 0..t {
+            self.rope.apply(&mut q[r * qd..][..qd], first + r, s.d);
+            let mut kr = k[r * kd..][..kd].to_vec();
+            self.rope.apply(&mut kr, first + r, s.d);
+            rows.extend_from_slice(&kr);
+            rows.extend_from_slice(&v[r * kd..][..kd]);
+        }
+        cache.append(&rows);
+        let scale = 1.0 / (s.d as f32).sqrt();
+        let a = attend(&s, &q, cache.rows(), first, &layer.sinks, scale);
+        let o = self.linear(&layer.o, &a, t)?;
+        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    /// `x += experts(post_norm(x))`, routed by the softmax over the top-k router logits.
+    fn mlp(&self, l: usize, layer: &Layer, x: &mut [f32]) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let t = x.len() / h;
+        let n = rms_norm(x, &layer.post_norm, self.cfg.rms_norm_eps as f32);
+        let logits = self.linear(&layer.router, &n, t)?;
+        let e = self.cfg.num_local_experts;
+        let routes: Vec<Route> = logits
+            .chunks_exact(e)
+            .map(|r| Gating::TopKSoftmax.route(r, &[], self.moe.top_k))
+            .collect();
+        self.observers.on(l, &Event::Routes(&routes));
+        let y = self.moe.run(
+            l,
+            &routes,
+            n,
+            &candle::Device::Cpu,
+            self.experts.as_ref(),
+            &self.exec,
+        )?;
+        x.iter_mut().zip(&y).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    /// `lm_head(norm(x))` for `t` rows.
+    fn logits(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
+        let n = rms_norm(x, &self.norm, self.cfg.rms_norm_eps as f32);
+        let mut y = vec![0f32; t * self.cfg.vocab_size];
+        gemm(&self.dense(&self.lm_head)?, &n, t, &mut y)?;
+        Ok(y)
+    }
+}
+
+/// `w · x / sqrt(mean(x²) + eps)` per row of `x`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(w.len())
+        .zip(x.par_chunks(w.len()))
+        .for_each(|(o, r)| {
+            let ms = r.iter().map(|v| v * v).sum::<f32>() / r.len() as f32;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for ((a, b), c) in o.iter_mut().zip(r).zip(w) {
+                *a = c * (b * inv);
+            }
+        });
+    out
+}
+
+/// BF16 or F32 little-endian bytes as f32.
+fn to_f32(b: &[u8], dtype: Dtype) -> Vec<f32> {
+    match dtype {
+        Dtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        _ => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+    }
+}
+
+/// A `[rows, cols]` BF16 or F32 tensor.
+fn matrix(inv: &Inventory, name: &str, rows: usize, cols: usize) -> Result<Stored> {
+    let t = inv.get(name).ok_or_else(|| Error::Tensor {
+        name: name.into(),
+        msg: format!("missing from the checkpoint in {}", inv.dir.display()),
+    })?;
+    let shape_ok = t.shape == [rows, cols] || (rows == 1 && t.shape == [cols]);
+    if !matches!(t.dtype, Dtype::BF16 | Dtype::F32) || !shape_ok {
+        return Err(Error::Tensor {
+            name: name.into(),
+            msg: format!(
+                "expected BF16 or F32 [{rows}, {cols}], found {} {:?}",
+                t.dtype, t.shape
+            ),
+        });
+    }
+    Ok(Stored {
+        shard: t.shard,
+        start: t.start as usize,
+        end: t.end as usize,
+        dtype: t.dtype,
+        rows,
+        cols,
+    })
+}
+
+/// A `[n]` BF16 or F32 vector, widened.
+fn vector(inv: &Inventory, maps: &[Mmap], name: &str, n: usize) -> Result<Vec<f32>> {
+    let s = matrix(inv, name, 1, n)?;
+    Ok(to_f32(&maps[s.shard][s.start..s.end], s.dtype))
+}
+
+fn load_layer(inv: &Inventory, maps: &[Mmap], cfg: &GptOssConfig, l: usize) -> Result<Layer> {
+    let h = cfg.hidden_size;
+    let (qd, kd) = (
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+    );
+    let n = |s: &str| names::layer(l, s);
+    let linear = |p: &str, rows: usize, cols: usize| -> Result<Linear> {
+        Ok(Linear {
+            w: matrix(inv, &n(&format!("{p}.weight")), rows, cols)?,
+            b: vector(inv, maps, &n(&format!("{p}.bias")), rows)?,
+        })
+    };
+    Ok(Layer {
+        input_norm: vector(inv, maps, &n("input_layernorm.weight"), h)?,
+        post_norm: vector(inv, maps, &n("post_attention_layernorm.weight"), h)?,
+        q: linear("self_attn.q_proj", qd, h)?,
+        k: linear("self_attn.k_proj", kd, h)?,
+        v: linear("self_attn.v_proj", kd, h)?,
+        o: linear("self_attn.o_proj", h, qd)?,
+        sinks: vector(inv, maps, &n("self_attn.sinks"), cfg.num_attention_heads)?,
+        router: linear("mlp.router", cfg.num_local_experts, h)?,
+        shape: AttnShape {
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            d: cfg.head_dim,
+            window: match cfg.attn_kind(l) {
+                AttnKind::Sliding => cfg.sliding_window,
+                AttnKind::Full => usize::MAX,
+            },
+        },
+    })
+}
