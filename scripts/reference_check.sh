@@ -49,7 +49,9 @@ run --model "$work/medium" --name K3-medium-150 --seed 4 --prompt-len 150 --gene
 # MXFP4 experts dequantized by transformers): two seeds and shard splits, a prompt three times
 # the sliding window, every position's logits, routes and a greedy continuation, and three
 # negative controls (no SwiGLU clamp, YaRN range rounded, no sliding window) that must fail.
-tvenv=${DELTAFIN_TORCH_VENV:-$repo/target/reference-torch-venv}
+# The venv (5 GB, about 2 minutes to install) lives in the user's cache, keyed by the pinned
+# versions, so a clean clone does not install it again.
+tvenv=${DELTAFIN_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deltafin/torch2.6.0-transformers5.25.0-venv}
 if ! "$tvenv/bin/python" -c 'import torch, transformers, accelerate' 2>/dev/null; then
     python3 -m venv "$tvenv"
     "$tvenv/bin/pip" install -q --disable-pip-version-check \

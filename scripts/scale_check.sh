@@ -2,14 +2,15 @@
 # Scale checks at K3's real shape on this machine (issues 12 and 28), run by .ci/run (about 25
 # minutes): writes the full-shape fixture with two seeds (routers and small tensors differ;
 # sparse, ~1.4 GB of disk each) and a 4-layer full-shape prefix, then
-#   1. `deltafin run` with default settings, a 4-token prompt and 3 decode tokens, on both seeds:
+#   1. `deltafin run` with default settings, a 4-token prompt and 3 decode tokens (seed 0):
 #      completes, and the peak RSS it reports (VmHWM) is within the memory plan's total;
 #   2. the same with --memory-gb 12: fewer layers pinned, still within its plan;
-#   3. a 128-token prompt through all 93 layers with default settings (layer-major prefill):
-#      completes within the plan;
+#   3. on the other seed, a 128-token prompt through all 93 layers with default settings
+#      (layer-major prefill) and 3 decoded tokens: completes within the plan;
 #   4. `bench prefill` on the 4-layer prefix with a 512-token prompt: bytes read ≤ 1.05 × the
 #      distinct weight bytes the prompt needs, within the plan;
-#   5. `deltafin serve` on it answers /health 503 while it loads, then a completion with 200.
+#   5. gpt-oss-120b's published shape (sparse): a 64-token prompt and 4 tokens within its plan;
+#   6. `deltafin serve` on K3 answers /health 503 while it loads, then a completion with 200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/deltafin-scale.XXXXXX")
@@ -45,11 +46,11 @@ open(sys.argv[1] + ".pinned", "w").write(pinned.split("(")[1].split(")")[0])
 PY
 }
 check_run default "$work/k3" 1,2,3,4 3
-check_run seed1 "$work/k3s1" 1,2,3,4 3
 check_run small "$work/k3" 1,2,3,4 3 --memory-gb 12
 big=$(cat "$work/default.json.pinned"); small=$(cat "$work/small.json.pinned")
 [ "$small" -lt "$big" ] || { echo "--memory-gb 12 pinned $small layers, default $big"; exit 1; }
-check_run prompt128 "$work/k3s1" "$(ids 128 128)" 1
+# The second seed's routing: a 128-token prompt and 3 decoded tokens (one run covers both).
+check_run prompt128 "$work/k3s1" "$(ids 128 128)" 3
 
 "$bin" bench prefill --model-root "$work/k3p4" --lengths 512 --runs 1 --id-max 4096 \
   --no-chunk-major >"$work/prefill.jsonl" 2>"$work/prefill.log" || { tail -20 "$work/prefill.log"; exit 1; }
@@ -67,6 +68,24 @@ for line in open(sys.argv[1]):
     assert q <= 1.05, "the prefill read more than 1.05x the distinct bytes"
     assert r["within_plan"], "peak RSS over the memory plan"
 PY
+
+# gpt-oss-120b at its published shape (issue 33): 36 layers × 128 experts, 15 shard files, 65 GB
+# as sparse files; a 64-token prompt and 4 greedy tokens within its memory plan.
+"$bin" fixture gpt-oss-full "$work/g120" --model 120b
+"$bin" run --model-root "$work/g120" --prompt-ids "$(ids 64 64)" --max-new 4 --ignore-eos \
+  --json >"$work/g120.json" 2>"$work/g120.log" || { tail -20 "$work/g120.log"; exit 1; }
+python3 - "$work/g120.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+m = r["memory"]; p = m["plan"]; pre = r["prefill"]
+assert len(r["generated_ids"]) == 4, r["generated_ids"]
+print(f'gpt-oss-120b: prefill of {pre["tokens"]} tokens in {pre["ms"]/1e3:.1f} s '
+      f'({(pre["bytes_read"] or 0)/1e9:.1f} GB of experts read), {r["decode_ms_per_token"]:.0f} ms '
+      f'per decoded token, peak RSS {m["peak_rss_bytes"]/1e9:.2f} GB, plan total '
+      f'{p["total"]/1e9:.2f} GB (limit {p["limit"]/1e9:.2f} GB {p["limit_source"]})')
+assert m["peak_rss_bytes"] <= p["total"], "peak RSS over the memory plan"
+PY
+rm -rf "$work/g120"
 
 port=$((20000 + RANDOM % 20000))
 "$bin" serve --model-root "$work/k3" --port "$port" --max-tokens 2 2>"$work/server.log" &

@@ -6,7 +6,7 @@
 //! `_blocks` `[E, rows, cols/32, 16]` / `_scales` `[E, rows, cols/32]` with BF16 `_bias`.
 //! Files are written atomically. Owns no model math.
 
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 use safetensors::Dtype;
@@ -46,6 +46,14 @@ pub struct GptOssShape {
     pub original_context: usize,
     /// Rotary base.
     pub rope_theta: f64,
+    /// YaRN's factor (the context is `original_context × factor`).
+    pub factor: f64,
+    /// `<|return|>` (the config's eos), and the pad and bos ids.
+    pub eos: usize,
+    /// Pad id.
+    pub pad: usize,
+    /// Bos id.
+    pub bos: usize,
 }
 
 impl GptOssShape {
@@ -64,6 +72,41 @@ impl GptOssShape {
             window: 8,
             original_context: 64,
             rope_theta: 10000.0,
+            factor: 4.0,
+            eos: 511,
+            pad: 510,
+            bos: 509,
+        }
+    }
+
+    /// gpt-oss-120b's published shape: 36 layers, 128 experts, top-4, 201,088 ids.
+    pub fn gpt_oss_120b() -> Self {
+        GptOssShape {
+            layers: 36,
+            experts: 128,
+            ..Self::gpt_oss_20b()
+        }
+    }
+
+    /// gpt-oss-20b's published shape: 24 layers, 32 experts, top-4.
+    pub fn gpt_oss_20b() -> Self {
+        GptOssShape {
+            layers: 24,
+            hidden: 2880,
+            inter: 2880,
+            heads: 64,
+            kv_heads: 8,
+            head_dim: 64,
+            experts: 32,
+            top_k: 4,
+            vocab: 201088,
+            window: 128,
+            original_context: 4096,
+            rope_theta: 150000.0,
+            factor: 32.0,
+            eos: 200002,
+            pad: 199999,
+            bos: 199998,
         }
     }
 
@@ -82,7 +125,7 @@ impl GptOssShape {
             "architectures": ["GptOssForCausalLM"],
             "attention_bias": true,
             "attention_dropout": 0.0,
-            "eos_token_id": self.vocab - 1,
+            "eos_token_id": self.eos,
             "experts_per_token": self.top_k,
             "head_dim": self.head_dim,
             "hidden_act": "silu",
@@ -91,7 +134,7 @@ impl GptOssShape {
             "initializer_range": 0.02,
             "intermediate_size": self.inter,
             "layer_types": types,
-            "max_position_embeddings": self.original_context * 4,
+            "max_position_embeddings": (self.original_context as f64 * self.factor) as usize,
             "model_type": "gpt_oss",
             "num_attention_heads": self.heads,
             "num_experts_per_tok": self.top_k,
@@ -99,7 +142,7 @@ impl GptOssShape {
             "num_key_value_heads": self.kv_heads,
             "num_local_experts": self.experts,
             "output_router_logits": false,
-            "pad_token_id": self.vocab - 2,
+            "pad_token_id": self.pad,
             "quantization_config": {
                 "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
                                            "model.embed_tokens", "lm_head"],
@@ -107,7 +150,7 @@ impl GptOssShape {
             },
             "rms_norm_eps": 1e-05,
             "rope_scaling": {
-                "beta_fast": 32.0, "beta_slow": 1.0, "factor": 4.0,
+                "beta_fast": 32.0, "beta_slow": 1.0, "factor": self.factor,
                 "original_max_position_embeddings": self.original_context,
                 "rope_type": "yarn", "truncate": false
             },
@@ -134,6 +177,10 @@ enum Fill {
     Codes,
     /// E8M0 scales in `[lo, lo + span)`.
     Scales(u8, u8),
+    /// A hole in a sparse file (reads as zeros, takes no disk).
+    Hole,
+    /// The first rows hold BF16 normal values, the rest is a hole.
+    LeadingRows(usize, f32),
 }
 
 struct Tensor {
@@ -160,15 +207,31 @@ impl Tensor {
                 .collect(),
             Fill::Codes => (0..n).map(|_| rng.next_u64() as u8).collect(),
             Fill::Scales(lo, span) => (0..n).map(|_| lo + rng.below(span as u64) as u8).collect(),
+            Fill::Hole => Vec::new(),
+            Fill::LeadingRows(rows, s) => {
+                let row: usize = self.shape[1..].iter().product();
+                (0..rows.min(self.shape[0]) * row)
+                    .flat_map(|_| bf16(rng.normal() as f32 * s))
+                    .collect()
+            }
         }
     }
 }
 
-/// Every tensor of the model, in the order the hub's shards list them (layer by layer).
-fn tensors(s: &GptOssShape) -> Vec<Tensor> {
+/// Whether a tensor of this name is stored as bytes (MXFP4 codes and scales).
+fn shape_is_u8(name: &str) -> bool {
+    name.ends_with("_blocks") || name.ends_with("_scales")
+}
+
+/// Every tensor of the model, in the order the hub's shards list them (layer by layer). Sparse:
+/// the large matrices are holes; norms, routers, biases, sinks and the embedding's first 4,096
+/// rows hold data, so positions route differently.
+fn tensors(s: &GptOssShape, sparse: bool) -> Vec<Tensor> {
+    let big = |f: Fill| if sparse { Fill::Hole } else { f };
     let t = |name: String, shape: Vec<usize>, fill| Tensor {
         dtype: match fill {
             Fill::Codes | Fill::Scales(..) => Dtype::U8,
+            Fill::Hole if shape_is_u8(&name) => Dtype::U8,
             _ => Dtype::BF16,
         },
         name,
@@ -177,7 +240,11 @@ fn tensors(s: &GptOssShape) -> Vec<Tensor> {
     };
     let (h, qd, kd) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
     let w = |fan_in: usize| Fill::Normal(1.0 / (fan_in as f32).sqrt());
-    let mut v = vec![t(names::EMBED.into(), vec![s.vocab, h], Fill::Normal(1.0))];
+    let embed = match sparse {
+        true => Fill::LeadingRows(4096, 1.0),
+        false => Fill::Normal(1.0),
+    };
+    let mut v = vec![t(names::EMBED.into(), vec![s.vocab, h], embed)];
     for l in 0..s.layers {
         let n = |x: &str| names::layer(l, x);
         v.push(t(
@@ -197,7 +264,7 @@ fn tensors(s: &GptOssShape) -> Vec<Tensor> {
                 Fill::Normal(0.1),
             ));
         }
-        v.push(t(n("self_attn.o_proj.weight"), vec![h, qd], w(qd)));
+        v.push(t(n("self_attn.o_proj.weight"), vec![h, qd], big(w(qd))));
         v.push(t(n("self_attn.o_proj.bias"), vec![h], Fill::Normal(0.1)));
         v.push(t(n("self_attn.sinks"), vec![s.heads], Fill::Normal(1.0)));
         v.push(t(
@@ -218,11 +285,11 @@ fn tensors(s: &GptOssShape) -> Vec<Tensor> {
             (vec![e, h], Fill::Normal(0.1)),
         ];
         for (p, (shape, fill)) in EXPERT_PARTS.iter().zip(parts) {
-            v.push(t(n(&format!("mlp.experts.{p}")), shape, fill));
+            v.push(t(n(&format!("mlp.experts.{p}")), shape, big(fill)));
         }
     }
     v.push(t(names::NORM.into(), vec![h], Fill::AroundOne(0.1)));
-    v.push(t(names::LM_HEAD.into(), vec![s.vocab, h], w(h)));
+    v.push(t(names::LM_HEAD.into(), vec![s.vocab, h], big(w(h))));
     v
 }
 
@@ -234,8 +301,30 @@ pub fn write_gpt_oss(
     seed: u64,
     files: usize,
 ) -> Result<GptOssConfig> {
+    write(dir, shape, seed, files, false)
+}
+
+/// `write_gpt_oss` as sparse files: every large matrix a hole (zeros), so a full-shape
+/// checkpoint (gpt-oss-120b: 65 GB) takes a few hundred MB of disk; outputs are meaningless,
+/// counts, sizes and memory are real.
+pub fn write_gpt_oss_sparse(
+    dir: &Path,
+    shape: &GptOssShape,
+    seed: u64,
+    files: usize,
+) -> Result<GptOssConfig> {
+    write(dir, shape, seed, files, true)
+}
+
+fn write(
+    dir: &Path,
+    shape: &GptOssShape,
+    seed: u64,
+    files: usize,
+    sparse: bool,
+) -> Result<GptOssConfig> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let all = tensors(shape);
+    let all = tensors(shape, sparse);
     let total: usize = all
         .iter()
         .map(|t| t.numel() * t.dtype.bytes() as usize)
@@ -271,14 +360,24 @@ pub fn write_gpt_oss(
             .map(|t| (t.name.clone(), t.dtype, t.shape.clone()))
             .collect();
         let header = build_header(&entries)?;
+        let io = |e| Error::io(&path, e);
         write_atomic_with(&path, |w| {
-            w.write_all(&header).map_err(|e| Error::io(&path, e))?;
+            w.write_all(&header).map_err(io)?;
+            let mut end = header.len() as u64;
             for t in run {
-                w.write_all(&t.bytes(seed))
-                    .map_err(|e| Error::io(&path, e))?;
+                let b = t.bytes(seed);
+                w.write_all(&b).map_err(io)?;
+                let full = (t.numel() * t.dtype.bytes() as usize) as u64;
+                if (b.len() as u64) < full {
+                    w.seek(SeekFrom::Current((full - b.len() as u64) as i64))
+                        .map_err(io)?;
+                }
+                end += full;
                 weight_map.insert(t.name.clone(), name(i).into());
             }
-            Ok(())
+            // A trailing hole only counts once the length covers it.
+            w.flush().map_err(io)?;
+            w.get_ref().set_len(end).map_err(io)
         })?;
     }
     if last > 0 {
@@ -296,9 +395,7 @@ pub fn write_gpt_oss(
         &dir.join("generation_config.json"),
         format!(
             r#"{{"bos_token_id": {}, "do_sample": true, "eos_token_id": [{}], "pad_token_id": {}}}"#,
-            shape.vocab - 3,
-            shape.vocab - 1,
-            shape.vocab - 2
+            shape.bos, shape.eos, shape.pad
         )
         .as_bytes(),
     )?;

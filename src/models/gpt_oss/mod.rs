@@ -3,13 +3,43 @@
 //! and expert network (`names.rs`), the model (`model.rs`) and a fixture writer in the hub's
 //! exact format (`fixture.rs`). Shares no code with K3 beyond the runtime's public pieces
 //! (checkpoint inventory, expert index and store, MoE executor, dense kernels, `SeqState`).
+//!
+//! Opening gpt-oss with streamed experts (here the tiny fixture; a hub checkpoint directory is
+//! opened the same way):
+//!
+//! ```
+//! use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
+//! use deltafin::models::gpt_oss::{GptOssModel, GptOssOptions};
+//!
+//! # fn main() -> deltafin::Result<()> {
+//! let dir = tempfile::tempdir().map_err(|e| deltafin::Error::io("tempdir", e))?;
+//! write_gpt_oss(dir.path(), &GptOssShape::tiny(), 0, 3)?;
+//! // The memory plan sizes the expert RAM tier, prefetch and context; the experts stream
+//! // from the shards through the tiered store, the dense layers are mapped.
+//! let model = GptOssModel::open_planned(dir.path(), &GptOssOptions::default(), |plan| {
+//!     println!("{plan}")
+//! })?;
+//! let mut state = model.new_state();
+//! let mut logits = model.forward(&[1, 2, 3, 4], &mut state)?; // prefill: last position
+//! let mut ids = Vec::new();
+//! for _ in 0..8 {
+//!     let next = deltafin::generate::argmax(&logits);
+//!     ids.push(next);
+//!     logits = model.forward(&[next], &mut state)?; // one step
+//! }
+//! assert_eq!(state.pos, 12);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod attention;
 pub mod config;
 pub mod fixture;
 pub mod model;
 pub mod names;
+pub mod plan;
 pub mod rope;
 
 pub use config::GptOssConfig;
 pub use model::GptOssModel;
+pub use plan::GptOssOptions;

@@ -16,6 +16,7 @@ use safetensors::Dtype;
 use crate::checkpoint::Inventory;
 use crate::experts::{ExpertProvider, TieredExperts, TieredOptions};
 use crate::kernels::dense::{gemm, DenseData, DenseMatrix};
+use crate::memory::MemoryPlan;
 use crate::models::k3::mla_cache::LatentCache;
 use crate::models::k3::observe::{Event, Observer, Observers};
 use crate::models::k3::state::{KvState, LayerState, SeqState};
@@ -25,6 +26,7 @@ use crate::{Error, Result};
 use super::attention::{attend, AttnShape};
 use super::config::{AttnKind, GptOssConfig};
 use super::names;
+use super::plan::GptOssOptions;
 use super::rope::Rope;
 
 /// Where one stored matrix or vector lies.
@@ -72,11 +74,15 @@ pub struct GptOssModel {
     experts: Arc<dyn ExpertProvider>,
     exec: ExecOptions,
     context_limit: usize,
+    /// Positions per prefill pass (bounds the activations a long prompt holds).
+    pass: usize,
+    plan: Option<MemoryPlan>,
     observers: Observers,
 }
 
 impl GptOssModel {
-    /// Opens `root` (config.json and the shards) with the experts in a tiered store.
+    /// Opens `root` (config.json and the shards) with the experts in a tiered store as `opts`
+    /// says (no memory plan: tests and custom loading; `open_planned` is the front ends' way).
     pub fn open(root: &Path, opts: &TieredOptions) -> Result<Self> {
         let cfg = GptOssConfig::from_file(&root.join("config.json"))?;
         let inv = Inventory::from_dir(root)?;
@@ -84,6 +90,33 @@ impl GptOssModel {
         let inv = Arc::new(inv);
         let store = TieredExperts::new(Arc::new(index), Some(inv.clone()), None, opts)?;
         Self::with_experts(cfg, &inv, Arc::new(store))
+    }
+
+    /// Opens `root` under the memory plan (shown to `report` before anything large is read):
+    /// the expert RAM tier, prefetch cap, context limit and prefill pass are the plan's.
+    pub fn open_planned(
+        root: &Path,
+        o: &GptOssOptions,
+        report: impl FnOnce(&MemoryPlan),
+    ) -> Result<Self> {
+        let cfg = GptOssConfig::from_file(&root.join("config.json"))?;
+        let inv = Inventory::from_dir(root)?;
+        let plan = super::plan::plan(&cfg, &inv, o)?;
+        report(&plan);
+        let index = names::expert_index(&inv, &cfg)?;
+        let inv = Arc::new(inv);
+        let opts = super::plan::store_options(&plan, o);
+        let store = TieredExperts::new(Arc::new(index), Some(inv.clone()), None, &opts)?;
+        let mut m = Self::with_experts(cfg, &inv, Arc::new(store))?;
+        m.context_limit = plan.context;
+        m.pass = plan.prefill_pass.max(1);
+        m.plan = Some(plan);
+        Ok(m)
+    }
+
+    /// The memory plan the model was opened under (`open_planned`).
+    pub fn plan(&self) -> Option<&MemoryPlan> {
+        self.plan.as_ref()
     }
 
     /// The model over an already built expert provider.
@@ -128,6 +161,8 @@ impl GptOssModel {
             moe,
             experts,
             exec: ExecOptions::default(),
+            pass: 2048,
+            plan: None,
             observers: Observers::default(),
         })
     }
@@ -173,11 +208,16 @@ impl GptOssModel {
         }
     }
 
-    /// Feeds `ids` and returns the logits of the last position `[vocab]`.
+    /// Feeds `ids` (in passes of the plan's prefill length; every row's arithmetic is its
+    /// own, so the split changes no bit) and returns the last position's logits `[vocab]`.
     pub fn forward(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
-        let x = self.hidden(ids, state)?;
+        self.check_input(ids, state)?;
+        let mut last = Vec::new();
+        for piece in ids.chunks(self.pass) {
+            last = self.hidden(piece, state)?;
+        }
         let h = self.cfg.hidden_size;
-        self.logits(&x[x.len() - h..], 1)
+        self.logits(&last[last.len() - h..], 1)
     }
 
     /// Feeds `ids` and returns every position's logits `[T, vocab]` (row-major).

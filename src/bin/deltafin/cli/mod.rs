@@ -9,6 +9,7 @@ pub mod install;
 pub mod logits;
 pub mod prompt_cache;
 pub mod run;
+pub mod run_gpt_oss;
 mod serve;
 pub mod store;
 pub mod train;
@@ -183,6 +184,22 @@ pub enum FixtureKind {
         #[arg(long, default_value_t = deltafin::checkpoint::fixture::K3_LAYERS)]
         layers: usize,
     },
+    /// gpt-oss at its published shape (120b: 36 layers × 128 experts; or 20b), as sparse files:
+    /// every large matrix a hole. Outputs are meaningless; counts, sizes and memory are real.
+    #[command(name = "gpt-oss-full")]
+    GptOssFull {
+        /// Output directory.
+        dir: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Number of shard files (the hub's 120b has 15, its 20b 3).
+        #[arg(long, default_value_t = 15)]
+        shards: usize,
+        /// `120b` or `20b`.
+        #[arg(long, default_value = "120b")]
+        model: String,
+    },
     /// A tiny gpt-oss in the hub's exact format (zero-based shard names, stacked MXFP4 experts).
     #[command(name = "gpt-oss-tiny")]
     GptOssTiny {
@@ -229,6 +246,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!(
                     "wrote K3-slice ({layers} layers, {experts} experts) to {}",
                     dir.display()
+                );
+            }
+            FixtureKind::GptOssFull {
+                dir,
+                seed,
+                shards,
+                model,
+            } => {
+                use deltafin::models::gpt_oss::fixture::{write_gpt_oss_sparse, GptOssShape};
+                let shape = match model.as_str() {
+                    "120b" => GptOssShape::gpt_oss_120b(),
+                    "20b" => GptOssShape::gpt_oss_20b(),
+                    other => anyhow::bail!("--model {other}: expected 120b or 20b"),
+                };
+                let t0 = std::time::Instant::now();
+                write_gpt_oss_sparse(&dir, &shape, seed, shards)?;
+                eprintln!(
+                    "wrote the full-shape gpt-oss-{model} fixture (sparse) to {} in {:.1} s",
+                    dir.display(),
+                    t0.elapsed().as_secs_f64()
                 );
             }
             FixtureKind::GptOssTiny { dir, seed, shards } => {

@@ -124,6 +124,9 @@ fn spec_report(
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
+    if deltafin::models::ModelKind::detect(&root)? == deltafin::models::ModelKind::GptOss {
+        return super::run_gpt_oss::run(a, &root);
+    }
     let mut engine = match &a.cache.prompt_cache {
         Some(_) if !a.cache.no_prompt_cache => {
             load_engine_cached(&root, &a.store, &a.cache, Some(1))?
