@@ -166,12 +166,34 @@ pub struct Mxfp4BenchOptions {
     pub threads: Vec<usize>,
     /// Kernel (default: the best this CPU supports).
     pub kernel: Kernel,
+    /// Whose expert matrices.
+    pub shape: ExpertShape,
+}
+
+/// The expert matrices `bench mxfp4` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExpertShape {
+    /// K3: w1, w3 `[3072, 3584]` and w2 `[3584, 3072]` (17.55 MB).
+    K3,
+    /// gpt-oss: gate_up `[5760, 2880]` (interleaved) and down `[2880, 2880]` (13.2 MB).
+    GptOss,
+}
+
+impl ExpertShape {
+    /// Each matrix `(rows, cols)` of one expert, in order.
+    fn matrices(self) -> Vec<(usize, usize)> {
+        match self {
+            ExpertShape::K3 => vec![(INTER, LATENT), (INTER, LATENT), (LATENT, INTER)],
+            ExpertShape::GptOss => vec![(5760, 2880), (2880, 2880)],
+        }
+    }
 }
 
 impl Default for Mxfp4BenchOptions {
     fn default() -> Self {
         Mxfp4BenchOptions {
             experts: 64,
+            shape: ExpertShape::K3,
             runs: 5,
             threads: vec![1, 2],
             kernel: Kernel::best(),
@@ -188,6 +210,9 @@ pub fn mxfp4_bench(
     opts: &Mxfp4BenchOptions,
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
+    if opts.shape != ExpertShape::K3 {
+        return mxfp4_gemv_bench(opts, &mut emit);
+    }
     let span =
         2 * (INTER * LATENT / 2 + INTER * LATENT / 32) + (LATENT * INTER / 2 + LATENT * INTER / 32);
     let total = span * opts.experts;
@@ -263,6 +288,75 @@ pub fn mxfp4_bench(
         serde_json::json!({"figure": "expert_ms", "threads": t, "threading": "one expert per task (as the MoE layer)",
         "median": ms.median, "min": ms.min, "max": ms.max, "expert_bytes": span}),
     );
+    Ok(())
+}
+
+/// The GEMV figure on any expert shape: every matrix of `opts.experts` experts once per run
+/// (one input row), against the memory read rate measured in the same run.
+fn mxfp4_gemv_bench(
+    opts: &Mxfp4BenchOptions,
+    emit: &mut dyn FnMut(serde_json::Value),
+) -> Result<()> {
+    let mats = opts.shape.matrices();
+    let sizes: Vec<(usize, usize)> = mats.iter().map(|&(r, c)| (r * c / 2, r * c / 32)).collect();
+    let span: usize = sizes.iter().map(|(p, s)| p + s).sum();
+    let total = span * opts.experts;
+    let mut data = vec![0u8; total];
+    data.par_chunks_mut(1 << 20).enumerate().for_each(|(i, c)| {
+        let mut rng = Rng::new(i as u64);
+        for b in c.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+    });
+    // Scale bytes in a trained checkpoint's band (see `mxfp4_bench`).
+    data.par_chunks_mut(span).enumerate().for_each(|(i, e)| {
+        let mut rng = Rng::new(1 << 32 | i as u64);
+        let mut at = 0;
+        for (p, s) in &sizes {
+            for b in &mut e[at + p..at + p + s] {
+                *b = 112 + rng.below(16) as u8;
+            }
+            at += p + s;
+        }
+    });
+    let mut matrices = Vec::new();
+    for e in data.chunks(span) {
+        let mut at = 0;
+        for (&(r, c), (p, s)) in mats.iter().zip(&sizes) {
+            matrices.push(mxfp4::Mxfp4Matrix::new(
+                &e[at..at + p],
+                &e[at + p..at + p + s],
+                r,
+                c,
+            )?);
+            at += p + s;
+        }
+    }
+    let width = mats.iter().map(|m| m.0.max(m.1)).max().unwrap_or(0);
+    let mut rng = Rng::new(1);
+    let x: Vec<f32> = (0..width).map(|_| rng.normal() as f32).collect();
+    let words: Vec<u64> = (0..total / 8).map(|i| i as u64).collect();
+    let gb = total as f64 / 1e9;
+    emit(
+        serde_json::json!({"bench": "mxfp4", "shape": format!("{:?}", opts.shape),
+        "matrices": mats, "expert_bytes": span, "kernel": opts.kernel.effective().name(),
+        "experts": opts.experts, "working_set_gb": gb, "runs": opts.runs}),
+    );
+    for &t in &opts.threads {
+        let fig = pool(t)?.install(|| {
+            let mut y = vec![0f32; width];
+            against_memory(&words, opts.runs, gb, || {
+                for m in &matrices {
+                    mxfp4::gemm_with(opts.kernel, m, &x[..m.cols], 1, &mut y[..m.rows], true)?;
+                }
+                Ok(())
+            })
+        })?;
+        let mut j = fig.json();
+        j["figure"] = "mxfp4_gemv_gbps".into();
+        j["threads"] = t.into();
+        emit(j);
+    }
     Ok(())
 }
 

@@ -227,5 +227,8 @@ pub enum BenchKind {
         /// Thread counts to measure, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,2")]
         threads: Vec<usize>,
+        /// Whose expert matrices: k3 or gpt-oss.
+        #[arg(long, value_enum, default_value = "k3")]
+        shape: crate::bench::ExpertShape,
     },
 }

@@ -263,6 +263,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             runs,
             kernel,
             threads,
+            shape,
         } => {
             let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
             if threads.is_empty() {
@@ -272,6 +273,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 experts,
                 runs: runs.max(1),
                 threads,
+                shape,
                 ..Default::default()
             };
             if let Some(k) = kernel {
