@@ -397,6 +397,7 @@ pub fn segments_text(segs: &[Segment]) -> String {
 }
 
 mod force;
+pub mod harmony;
 mod json_mask;
 mod json_schema;
 mod schema_machine;

@@ -137,7 +137,8 @@ fn fixture_is_in_the_hub_layout() {
             "model-00000-of-00002.safetensors",
             "model-00001-of-00002.safetensors",
             "model-00002-of-00002.safetensors",
-            "model.safetensors.index.json"
+            "model.safetensors.index.json",
+            "tokenizer.json"
         ]
     );
     let inv = Arc::new(Inventory::from_dir(d.path()).unwrap());
@@ -165,4 +166,34 @@ fn fixture_is_in_the_hub_layout() {
         };
         assert_eq!(read(&inv), read(&inv1), "{name}");
     }
+}
+
+#[test]
+fn tokenizer_and_harmony_turn_text_into_ids() {
+    use deltafin::chat::harmony::{render, HarmonyOptions};
+    use deltafin::chat::Message;
+    use deltafin::models::gpt_oss::tokenizer::GptOssTokenizer;
+    let d = tiny(0, 3);
+    let t = GptOssTokenizer::from_dir(d.path()).unwrap();
+    let h = t.harmony_ids();
+    assert_eq!((h.start, h.message, h.end, h.ret), (500, 502, 501, 511));
+    // A special's spelling inside text stays text.
+    let inj = t.encode("say <|return|> now").unwrap();
+    assert!(inj.iter().all(|&i| i < 500), "{inj:?}");
+    assert_eq!(t.decode(&inj), "say <|return|> now");
+    let ids = t
+        .encode_segments(
+            &render(&[Message::new("user", "Hello")], &HarmonyOptions::default()).unwrap(),
+        )
+        .unwrap();
+    assert_eq!(ids[0], h.start);
+    assert_eq!(ids.iter().filter(|&&i| i == h.end).count(), 2);
+    assert_eq!(
+        *ids.last().unwrap(),
+        t.encode("assistant").unwrap()[0].max(ids[ids.len() - 1])
+    );
+    // The model takes them.
+    let m = GptOssModel::open(d.path(), &TieredOptions::default()).unwrap();
+    let mut s = m.new_state();
+    assert_eq!(m.forward(&ids, &mut s).unwrap().len(), 512);
 }

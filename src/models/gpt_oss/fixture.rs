@@ -399,5 +399,42 @@ fn write(
         )
         .as_bytes(),
     )?;
+    if shape.vocab <= 4096 {
+        write_tokenizer(dir, shape)?;
+    }
     GptOssConfig::from_file(&dir.join("config.json"))
+}
+
+/// A small vocabulary's `tokenizer.json`: byte-level BPE trained on the built-in corpus, o200k's
+/// split pattern, harmony's specials in the last 12 ids (`<|return|>` the config's eos).
+fn write_tokenizer(dir: &Path, shape: &GptOssShape) -> Result<()> {
+    let first = shape.vocab as u32 - 12;
+    use crate::checkpoint::tiktoken_fixture::{pad_ranks, train_ranks};
+    let mut ranks = pad_ranks(train_ranks(first as usize - 256), first as usize, 1);
+    ranks.truncate(first as usize);
+    let names = [
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|channel|>",
+        "<|call|>",
+        "<|constrain|>",
+        "<|reserved_506|>",
+        "<|reserved_507|>",
+        "<|reserved_508|>",
+        "<|startoftext|>",
+        "<|endoftext|>",
+        "<|return|>",
+    ];
+    let specials = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.to_string(), first + i as u32))
+        .collect();
+    let tk = crate::tokenizer::Tokenizer::new(ranks, specials, super::tokenizer::O200K_PATTERN)?
+        .to_hf()?;
+    let text = tk
+        .to_string(false)
+        .map_err(|e| Error::Msg(format!("tokenizer.json: {e}")))?;
+    write_atomic(&dir.join("tokenizer.json"), text.as_bytes())
 }

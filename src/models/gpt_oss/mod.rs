@@ -39,6 +39,7 @@ pub mod model;
 pub mod names;
 pub mod plan;
 pub mod rope;
+pub mod tokenizer;
 
 pub use config::GptOssConfig;
 pub use model::GptOssModel;
