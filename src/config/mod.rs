@@ -359,7 +359,7 @@ impl K3Config {
     }
 }
 
-mod validate;
+pub(crate) mod validate;
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,8 @@
 
 use super::*;
 
-fn rule(ok: bool, field: &str, msg: impl FnOnce() -> String) -> Result<()> {
+/// `Ok` when `ok`, else a config error naming `field` (any model's config rules use it).
+pub(crate) fn rule(ok: bool, field: &str, msg: impl FnOnce() -> String) -> Result<()> {
     if ok {
         Ok(())
     } else {

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::config::validate::rule;
 use crate::{Error, Result};
 
 /// `rope_scaling`: YaRN (gpt-oss's only scaling).
@@ -117,14 +118,6 @@ pub enum AttnKind {
     Sliding,
     /// Every position.
     Full,
-}
-
-fn rule(ok: bool, field: &str, msg: impl FnOnce() -> String) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::config(field, msg()))
-    }
 }
 
 impl GptOssConfig {

@@ -205,70 +205,26 @@ impl Default for Mxfp4BenchOptions {
 const INTER: usize = 3072;
 const LATENT: usize = 3584;
 
-/// Runs the MXFP4 benchmark; calls `emit` with one JSON line per figure.
+/// Runs the MXFP4 benchmark; calls `emit` with one JSON line per figure: the GEMV figure on
+/// the shape's matrices, and for K3 the time of a whole expert with the MoE layer's threading.
 pub fn mxfp4_bench(
     opts: &Mxfp4BenchOptions,
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
+    let mats = opts.shape.matrices();
+    let (data, span) = expert_bytes(&mats, opts.experts);
+    mxfp4_gemv_figure(opts, &mats, &data, span, &mut emit)?;
     if opts.shape != ExpertShape::K3 {
-        return mxfp4_gemv_bench(opts, &mut emit);
+        return Ok(());
     }
-    let span =
-        2 * (INTER * LATENT / 2 + INTER * LATENT / 32) + (LATENT * INTER / 2 + LATENT * INTER / 32);
-    let total = span * opts.experts;
-    // Random expert bytes; scale bytes in a realistic band.
-    let mut data = vec![0u8; total];
-    data.par_chunks_mut(1 << 20).enumerate().for_each(|(i, c)| {
-        let mut rng = Rng::new(i as u64);
-        for b in c.iter_mut() {
-            *b = rng.next_u64() as u8;
-        }
-    });
-    // Scale bytes in the band a trained checkpoint has (2^-15 .. 2^0: weights of order 0.01
-    // give 118..124), not uniform over 0..=255: the kernels look a group's decode table up by
-    // its scale, so the band sets how much of the 16 KB table stays in L1.
-    let (packed, scales) = (INTER * LATENT / 2, INTER * LATENT / 32);
-    data.par_chunks_mut(span).enumerate().for_each(|(i, e)| {
-        let mut rng = Rng::new(1 << 32 | i as u64);
-        for k in 0..3 {
-            let at = k * (packed + scales) + packed;
-            for b in &mut e[at..at + scales] {
-                *b = 112 + rng.below(16) as u8;
-            }
-        }
-    });
     let experts: Vec<Mxfp4Expert> = data
         .chunks(span)
         .map(|s| Mxfp4Expert::from_span(s, INTER, LATENT))
         .collect::<Result<_>>()?;
-    let mut rng = Rng::new(1);
-    let z: Vec<f32> = (0..LATENT).map(|_| rng.normal() as f32).collect();
-    let h: Vec<f32> = (0..INTER).map(|_| rng.normal() as f32).collect();
-    let words: Vec<u64> = (0..total / 8).map(|i| i as u64).collect();
-    let gb = total as f64 / 1e9;
-    emit(
-        serde_json::json!({"bench": "mxfp4", "kernel": opts.kernel.effective().name(), "requested_kernel": opts.kernel.name(), "experts": opts.experts,
-        "working_set_gb": gb, "runs": opts.runs}),
-    );
-    for &t in &opts.threads {
-        let p = pool(t)?;
-        let fig = p.install(|| {
-            let mut y1 = vec![0f32; INTER];
-            let mut y2 = vec![0f32; LATENT];
-            against_memory(&words, opts.runs, gb, || {
-                for e in &experts {
-                    mxfp4::gemm_with(opts.kernel, &e.w1, &z, 1, &mut y1, true)?;
-                    mxfp4::gemm_with(opts.kernel, &e.w3, &z, 1, &mut y1, true)?;
-                    mxfp4::gemm_with(opts.kernel, &e.w2, &h, 1, &mut y2, true)?;
-                }
-                Ok(())
-            })
-        })?;
-        let mut j = fig.json();
-        j["figure"] = "mxfp4_gemv_gbps".into();
-        j["threads"] = t.into();
-        emit(j);
-    }
+    let z: Vec<f32> = {
+        let mut rng = Rng::new(1);
+        (0..LATENT).map(|_| rng.normal() as f32).collect()
+    };
     // A full expert (three GEMVs + SiTU) with the MoE layer's own threading (one expert per
     // task, `Mxfp4Expert::forward_all`), on the largest thread count: wall time per expert.
     let t = opts.threads.iter().copied().max().unwrap_or(1);
@@ -291,24 +247,21 @@ pub fn mxfp4_bench(
     Ok(())
 }
 
-/// The GEMV figure on any expert shape: every matrix of `opts.experts` experts once per run
-/// (one input row), against the memory read rate measured in the same run.
-fn mxfp4_gemv_bench(
-    opts: &Mxfp4BenchOptions,
-    emit: &mut dyn FnMut(serde_json::Value),
-) -> Result<()> {
-    let mats = opts.shape.matrices();
+/// `n` experts of `mats` (each matrix's packed codes, then its scales), random codes, and
+/// scale bytes in the band a trained checkpoint has (2^-15 .. 2^0: weights of order 0.01 give
+/// 118..124), not uniform over 0..=255: the kernels look a group's decode table up by its
+/// scale, so the band sets how much of the 16 KB table stays in L1. Returns the bytes and one
+/// expert's span.
+fn expert_bytes(mats: &[(usize, usize)], n: usize) -> (Vec<u8>, usize) {
     let sizes: Vec<(usize, usize)> = mats.iter().map(|&(r, c)| (r * c / 2, r * c / 32)).collect();
     let span: usize = sizes.iter().map(|(p, s)| p + s).sum();
-    let total = span * opts.experts;
-    let mut data = vec![0u8; total];
+    let mut data = vec![0u8; span * n];
     data.par_chunks_mut(1 << 20).enumerate().for_each(|(i, c)| {
         let mut rng = Rng::new(i as u64);
         for b in c.iter_mut() {
             *b = rng.next_u64() as u8;
         }
     });
-    // Scale bytes in a trained checkpoint's band (see `mxfp4_bench`).
     data.par_chunks_mut(span).enumerate().for_each(|(i, e)| {
         let mut rng = Rng::new(1 << 32 | i as u64);
         let mut at = 0;
@@ -319,10 +272,23 @@ fn mxfp4_gemv_bench(
             at += p + s;
         }
     });
+    (data, span)
+}
+
+/// The GEMV figure: every matrix of every expert once per run (one input row), against the
+/// memory read rate measured in the same run, for each thread count.
+fn mxfp4_gemv_figure(
+    opts: &Mxfp4BenchOptions,
+    mats: &[(usize, usize)],
+    data: &[u8],
+    span: usize,
+    emit: &mut dyn FnMut(serde_json::Value),
+) -> Result<()> {
     let mut matrices = Vec::new();
     for e in data.chunks(span) {
         let mut at = 0;
-        for (&(r, c), (p, s)) in mats.iter().zip(&sizes) {
+        for &(r, c) in mats {
+            let (p, s) = (r * c / 2, r * c / 32);
             matrices.push(mxfp4::Mxfp4Matrix::new(
                 &e[at..at + p],
                 &e[at + p..at + p + s],
@@ -335,12 +301,13 @@ fn mxfp4_gemv_bench(
     let width = mats.iter().map(|m| m.0.max(m.1)).max().unwrap_or(0);
     let mut rng = Rng::new(1);
     let x: Vec<f32> = (0..width).map(|_| rng.normal() as f32).collect();
-    let words: Vec<u64> = (0..total / 8).map(|i| i as u64).collect();
-    let gb = total as f64 / 1e9;
+    let words: Vec<u64> = (0..data.len() / 8).map(|i| i as u64).collect();
+    let gb = data.len() as f64 / 1e9;
     emit(
         serde_json::json!({"bench": "mxfp4", "shape": format!("{:?}", opts.shape),
         "matrices": mats, "expert_bytes": span, "kernel": opts.kernel.effective().name(),
-        "experts": opts.experts, "working_set_gb": gb, "runs": opts.runs}),
+        "requested_kernel": opts.kernel.name(), "experts": opts.experts,
+        "working_set_gb": gb, "runs": opts.runs}),
     );
     for &t in &opts.threads {
         let fig = pool(t)?.install(|| {
