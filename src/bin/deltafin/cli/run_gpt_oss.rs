@@ -4,6 +4,8 @@
 //! (`generated_ids`, `prefill`, `memory`) as K3's run, plus `text`.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
@@ -61,6 +63,16 @@ pub fn run(a: &RunArgs, root: &Path) -> anyhow::Result<()> {
         eos.extend([h.ret, h.call]);
     }
     let max_new = a.max_new.unwrap_or(if a.chat { 8192 } else { 64 });
+    // Ctrl-C stops between tokens (a prefill runs to its end: a second Ctrl-C exits at once).
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let c = cancel.clone();
+        let _ = ctrlc::set_handler(move || {
+            if c.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
     let mut state = model.new_state();
     let t0 = Instant::now();
     let read0 = model.experts().stats().unwrap_or_default().bytes_read();
@@ -75,7 +87,7 @@ pub fn run(a: &RunArgs, root: &Path) -> anyhow::Result<()> {
         if !a.ignore_eos && eos.contains(&next) {
             break;
         }
-        if out.len() == max_new {
+        if out.len() == max_new || cancel.load(Ordering::SeqCst) {
             break;
         }
         logits = model.forward(&[next], &mut state)?;
