@@ -4,6 +4,7 @@ pub mod dense;
 pub mod experts;
 pub mod floor;
 pub mod forward;
+pub mod gpt_oss;
 pub mod homes;
 pub mod mapped;
 pub mod prefill;

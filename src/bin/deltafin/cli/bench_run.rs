@@ -166,6 +166,21 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             cold_spine,
             oracle_drafts,
         } => {
+            if deltafin::models::ModelKind::detect(&model_root)?
+                == deltafin::models::ModelKind::GptOss
+            {
+                if !floor {
+                    anyhow::bail!("on gpt-oss, `bench forward` measures `--floor` only for now");
+                }
+                return crate::bench::gpt_oss::decode_floor(
+                    &model_root,
+                    prompt_len,
+                    decode,
+                    runs,
+                    |line| println!("{line}"),
+                )
+                .map_err(Into::into);
+            }
             let device = deltafin::compute::device::select(device)?;
             println!("device={}", deltafin::compute::device::describe(&device));
             let load = deltafin::engine::LoadOptions {

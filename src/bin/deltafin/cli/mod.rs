@@ -199,6 +199,9 @@ pub enum FixtureKind {
         /// `120b` or `20b`.
         #[arg(long, default_value = "120b")]
         model: String,
+        /// Only the first N decoder layers (a full-shape layer prefix).
+        #[arg(long)]
+        layers: Option<usize>,
     },
     /// A tiny gpt-oss in the hub's exact format (zero-based shard names, stacked MXFP4 experts).
     #[command(name = "gpt-oss-tiny")]
@@ -253,13 +256,20 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 shards,
                 model,
+                layers,
             } => {
                 use deltafin::models::gpt_oss::fixture::{write_gpt_oss_sparse, GptOssShape};
-                let shape = match model.as_str() {
+                let mut shape = match model.as_str() {
                     "120b" => GptOssShape::gpt_oss_120b(),
                     "20b" => GptOssShape::gpt_oss_20b(),
                     other => anyhow::bail!("--model {other}: expected 120b or 20b"),
                 };
+                if let Some(n) = layers {
+                    if n == 0 || n > shape.layers {
+                        anyhow::bail!("--layers {n}: expected 1..={}", shape.layers);
+                    }
+                    shape.layers = n;
+                }
                 let t0 = std::time::Instant::now();
                 write_gpt_oss_sparse(&dir, &shape, seed, shards)?;
                 eprintln!(
