@@ -40,6 +40,7 @@ pub mod names;
 pub mod plan;
 pub mod rope;
 pub mod tokenizer;
+mod weights;
 
 pub use config::GptOssConfig;
 pub use model::GptOssModel;
