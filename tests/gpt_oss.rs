@@ -197,3 +197,33 @@ fn tokenizer_and_harmony_turn_text_into_ids() {
     let mut s = m.new_state();
     assert_eq!(m.forward(&ids, &mut s).unwrap().len(), 512);
 }
+
+#[test]
+fn the_memory_plan_sizes_the_model_and_refuses_what_does_not_fit() {
+    use deltafin::models::gpt_oss::GptOssOptions;
+    let d = tiny(2, 2);
+    let mut shown = None;
+    let m = GptOssModel::open_planned(d.path(), &GptOssOptions::default(), |p| {
+        shown = Some(p.clone())
+    })
+    .unwrap();
+    let plan = m.plan().unwrap();
+    assert_eq!(shown.unwrap().total, plan.total);
+    assert_eq!(
+        plan.pinned_count(),
+        4,
+        "every dense layer is charged as pinned"
+    );
+    assert_eq!(m.context_limit(), plan.context);
+    assert!(plan.context <= m.config().max_position_embeddings);
+    // A limit below the fixed costs is refused, naming the flag to change.
+    let small = GptOssOptions {
+        memory_limit: Some(1 << 20),
+        ..Default::default()
+    };
+    let e = GptOssModel::open_planned(d.path(), &small, |_| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("--memory-gb"), "{e}");
+}
