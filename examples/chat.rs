@@ -119,6 +119,11 @@ fn main() -> anyhow::Result<()> {
         } else {
             None
         },
+        // Formats that render today's date (gpt-oss's harmony) get the system clock's.
+        date: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| deltafin::chat::harmony::civil_date(d.as_secs())),
         ..Default::default()
     };
     let max_new: usize = std::env::var("DELTAFIN_MAX_NEW")
@@ -127,7 +132,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(256);
     let gen_opts = GenerateOptions {
         max_new,
-        stop_ids: vec![engine.eos()],
+        stop_ids: engine.stop_ids(),
         speculation,
     };
     let dim = std::io::stderr().is_terminal();

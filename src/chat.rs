@@ -109,6 +109,8 @@ pub struct ChatOptions {
     /// `response_format` json_schema: the schema, rendered as a `response-format` system
     /// message (the mask keeps the reply to it; this tells the model what to write).
     pub response_schema: Option<serde_json::Value>,
+    /// Today's date (YYYY-MM-DD) for formats that render one (harmony); the caller's clock.
+    pub date: Option<String>,
 }
 
 impl ChatOptions {
@@ -128,6 +130,7 @@ impl Default for ChatOptions {
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
             response_schema: None,
+            date: None,
         }
     }
 }
@@ -397,6 +400,7 @@ pub fn segments_text(segs: &[Segment]) -> String {
 }
 
 mod force;
+pub mod format;
 pub mod harmony;
 mod json_mask;
 mod json_schema;
@@ -404,6 +408,7 @@ mod schema_machine;
 mod splitter;
 mod tools;
 pub use force::{JsonReply, ToolForcer};
+pub use format::{ChatFormat, ReplySplitter};
 pub use json_mask::{token_table, JsonMask, JsonState};
 pub use json_schema::{Schema, SchemaError};
 pub use schema_machine::SchemaMachine;

@@ -76,6 +76,7 @@ pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 /// K3, the first model (`models::k3`), under its earlier path.
 pub use models::k3 as model;
 pub use models::k3::{K3Model, SeqState};
+pub use runtime::model::Model;
 pub use runtime::{engine, generate, memory};
 pub use spine::source::Spine;
 

@@ -79,6 +79,26 @@ impl Tokenizer {
     /// A tokenizer from ranks, named specials `(text, id)` and a split pattern.
     pub fn new(tokens: Vec<Vec<u8>>, specials: Vec<(String, u32)>, pattern: &str) -> Result<Self> {
         let hf = hf::build(&tokens, pattern)?;
+        Self::assemble(hf, tokens, specials)
+    }
+
+    /// A published `tokenizer.json` (a byte-level BPE such as gpt-oss's o200k_harmony) run as
+    /// it is: its own pre-tokenizer and merges encode, its vocabulary's bytes decode, and its
+    /// added tokens are the specials (never recognised in ordinary text).
+    pub fn from_tokenizer_json(path: &Path) -> Result<Self> {
+        let mut tk = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Msg(format!("{}: {e}", path.display())))?;
+        tk.set_encode_special_tokens(true);
+        let (tokens, specials) =
+            hf::vocab_bytes(&tk).map_err(|m| Error::Msg(format!("{}: {m}", path.display())))?;
+        Ok(Self::assemble(tk, tokens, specials)?.with_safety_split(false))
+    }
+
+    fn assemble(
+        hf: tokenizers::Tokenizer,
+        tokens: Vec<Vec<u8>>,
+        specials: Vec<(String, u32)>,
+    ) -> Result<Self> {
         let mut byte_rank = [u32::MAX; 256];
         for (i, t) in tokens.iter().enumerate() {
             if let [b] = t[..] {
@@ -111,9 +131,14 @@ impl Tokenizer {
         self
     }
 
-    /// Loads `tiktoken.model` and `tokenizer_config.json` from a model directory.
+    /// Loads `tiktoken.model` and `tokenizer_config.json` from a model directory, or, without
+    /// `tiktoken.model`, its `tokenizer.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tp = dir.join("tiktoken.model");
+        let json = dir.join("tokenizer.json");
+        if !tp.is_file() && json.is_file() {
+            return Self::from_tokenizer_json(&json);
+        }
         let text = std::fs::read_to_string(&tp).map_err(|e| Error::io(&tp, e))?;
         let tokens = parse_ranks(&text, &tp.display().to_string())?;
         let n = tokens.len() as u32;
@@ -292,7 +317,7 @@ fn safety_chunks(text: &str) -> Vec<&str> {
 }
 
 /// Turns a stream of token ids into text deltas that never split a code point.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
 }

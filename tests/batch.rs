@@ -118,7 +118,7 @@ fn alone(e: &Engine, case: &Case) -> Seen {
 }
 
 fn prompt(e: &Engine, n: usize, seed: u32) -> Vec<u32> {
-    let vocab = e.model().config().text().vocab_size as u32;
+    let vocab = e.model().vocab_size() as u32;
     // A repeated stretch gives the n-gram drafter something to propose.
     let base: Vec<u32> = (0..n.div_ceil(2) as u32)
         .map(|i| (i.wrapping_mul(7919) + 13 + seed * 101) % vocab)

@@ -34,7 +34,7 @@ fn k3_tiny_beats_the_bigram_and_keeps_its_fp32_quality() {
         .expect("bigram NLL");
     let engine = Engine::open(&tiny(), &EngineOptions::default()).unwrap();
     let ids = engine.tokenizer().encode_ordinary(HELDOUT);
-    let r = nll(engine.model(), &ids, window, None, |_| {}).unwrap();
+    let r = nll(&engine.model(), &ids, window, None, |_| {}).unwrap();
     eprintln!(
         "K3-tiny (MXFP4 experts, BF16 spine): held-out NLL {:.4} over {} tokens; bigram {bigram:.4}; trainer fp32 {fp32:.4}",
         r.nll, r.tokens

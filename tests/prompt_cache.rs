@@ -27,7 +27,7 @@ fn engine(root: &Path, dir: Option<&Path>, every: usize) -> Engine {
 }
 
 fn ids(e: &Engine, n: usize, seed: u32) -> Vec<u32> {
-    let vocab = e.model().config().text().vocab_size as u32;
+    let vocab = e.model().vocab_size() as u32;
     (0..n as u32)
         .map(|i| (i.wrapping_mul(7919) + 13 + seed * 101) % vocab)
         .collect()

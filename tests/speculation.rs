@@ -146,7 +146,8 @@ fn greedy_speculation_is_identical_on_k3_tiny() {
         "Captain Wentworth",
     ];
     let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode_ordinary(t)).collect();
-    let (drafted, accepted) = greedy_identical(engine.model(), &prompts, 256, &[3]);
+    let (drafted, accepted) =
+        greedy_identical(engine.model().downcast().unwrap(), &prompts, 256, &[3]);
     eprintln!("K3-tiny, n-gram depth 8: {accepted} of {drafted} drafts accepted");
     assert!(accepted > 100, "{accepted} of {drafted} drafts");
 }

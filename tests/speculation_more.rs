@@ -19,7 +19,7 @@ use deltafin::{GenerateOptions, Generator, K3Model};
 fn sampled_speculation_keeps_the_distribution() {
     let dir = deltafin::assets::k3_tiny().unwrap();
     let engine = deltafin::Engine::open(&dir, &Default::default()).unwrap();
-    let m = engine.model();
+    let m: &deltafin::K3Model = engine.model().downcast().unwrap();
     let prompt = engine
         .tokenizer()
         .encode_ordinary("It is a truth universally acknowledged, that a single man");
@@ -99,7 +99,7 @@ fn text_drafter_maps_through_text() {
     let dir = deltafin::assets::k3_tiny().unwrap();
     let engine = deltafin::Engine::open(&dir, &Default::default()).unwrap();
     let tok = std::sync::Arc::new(deltafin::tokenizer::Tokenizer::from_dir(&dir).unwrap());
-    let m = engine.model();
+    let m: &deltafin::K3Model = engine.model().downcast().unwrap();
     let prompt = tok.encode_ordinary("It is a truth universally acknowledged, that a single man");
     // Proposal = K3's tokens of the continuation text.
     let mut d = TextDrafter::new(

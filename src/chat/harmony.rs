@@ -96,6 +96,15 @@ fn message(out: &mut Vec<Segment>, head: &[(&str, bool)], body: &str, close: &st
 
 /// `messages` rendered for generation (ending in `<|start|>assistant`).
 pub fn render(messages: &[Message], opts: &HarmonyOptions) -> Result<Vec<Segment>> {
+    Ok(render_marked(messages, opts)?.0)
+}
+
+/// `render`, with the number of segments after the system and developer blocks and after each
+/// message: where a later request may diverge (the prompt cache's cut points).
+pub fn render_marked(
+    messages: &[Message],
+    opts: &HarmonyOptions,
+) -> Result<(Vec<Segment>, Vec<usize>)> {
     let mut out = Vec::new();
     let system = format!(
         "{}\nKnowledge cutoff: 2024-06\nCurrent date: {}\n\nReasoning: {}\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.",
@@ -112,6 +121,7 @@ pub fn render(messages: &[Message], opts: &HarmonyOptions) -> Result<Vec<Segment
         let body = format!("# Instructions\n\n{}\n\n", d.content);
         message(&mut out, &[("developer", false)], &body, END);
     }
+    let mut marks = vec![out.len()];
     for m in rest {
         match m.role.as_str() {
             "user" => message(&mut out, &[("user", false)], &m.content, END),
@@ -134,10 +144,11 @@ pub fn render(messages: &[Message], opts: &HarmonyOptions) -> Result<Vec<Segment
                 )))
             }
         }
+        marks.push(out.len());
     }
     control(&mut out, START);
     text(&mut out, "assistant");
-    Ok(out)
+    Ok((out, marks))
 }
 
 /// The token ids of harmony's specials in one vocabulary.
@@ -272,6 +283,14 @@ mod tests {
     }
 
     #[test]
+    fn civil_dates() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(951_782_400), "2000-02-29");
+        assert_eq!(civil_date(1_796_428_799), "2026-12-04");
+        assert_eq!(civil_date(1_796_428_800), "2026-12-05");
+    }
+
+    #[test]
     fn renders_the_published_layout() {
         let msgs = vec![
             Message::new("system", "Answer briefly."),
@@ -363,4 +382,21 @@ mod tests {
         }
         assert_eq!(s.push(40), Some(Other));
     }
+}
+
+/// The UTC date (YYYY-MM-DD) of a Unix time, for `HarmonyOptions::date` (the caller reads its
+/// clock; the library reads none).
+pub fn civil_date(unix_secs: u64) -> String {
+    let days = (unix_secs / 86_400) as i64;
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
 }

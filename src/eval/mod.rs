@@ -10,6 +10,7 @@ pub mod reference;
 
 use candle::Tensor;
 
+use crate::runtime::model::Model;
 use crate::train::data::eval_windows;
 use crate::{K3Model, Result};
 
@@ -19,17 +20,28 @@ pub trait Scorer {
     fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>>;
 }
 
-impl Scorer for K3Model {
+impl Scorer for dyn Model + '_ {
     fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let mut state = self.new_state();
-        let all = crate::models::k3::Forward {
-            logits: crate::models::k3::Logits::All,
-            ..Default::default()
-        };
-        let out = self
-            .run(ids, &mut state, &all)?
-            .ok_or_else(|| crate::Error::Msg("evaluation was cancelled".into()))?;
-        Ok(out.logits.to_vec2()?)
+        Ok(self.forward_all(ids, &mut state)?.to_vec2()?)
+    }
+}
+
+impl Scorer for &dyn Model {
+    fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        (*self).window_logits(ids)
+    }
+}
+
+impl Scorer for Box<dyn Model> {
+    fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.as_ref().window_logits(ids)
+    }
+}
+
+impl Scorer for K3Model {
+    fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        (self as &dyn Model).window_logits(ids)
     }
 }
 

@@ -5,6 +5,9 @@
 
 use std::path::Path;
 
+use crate::engine::LoadOptions;
+use crate::memory::MemoryPlan;
+use crate::runtime::model::Model;
 use crate::{Error, Result};
 
 pub mod gpt_oss;
@@ -31,4 +34,26 @@ impl ModelKind {
             _ => ModelKind::K3,
         })
     }
+}
+
+/// Opens the model in `root` under the memory plan (shown to `report` before anything large is
+/// read), as the family its config.json names.
+pub fn open(
+    root: &Path,
+    device: &candle::Device,
+    o: &LoadOptions,
+    report: impl FnOnce(&MemoryPlan),
+) -> Result<Box<dyn Model>> {
+    Ok(match ModelKind::detect(root)? {
+        ModelKind::K3 => Box::new(k3::K3Model::open_with(root, device, o, report)?),
+        ModelKind::GptOss => {
+            if !device.is_cpu() {
+                return Err(Error::Msg(
+                    "gpt-oss runs on the CPU only so far (--device cpu)".into(),
+                ));
+            }
+            let g = gpt_oss::GptOssOptions::from_load(o);
+            Box::new(gpt_oss::GptOssModel::open_planned(root, &g, report)?)
+        }
+    })
 }

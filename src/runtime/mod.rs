@@ -9,4 +9,5 @@ pub mod batch;
 pub mod engine;
 pub mod generate;
 pub mod memory;
+pub mod model;
 pub mod prompt_cache;

@@ -18,7 +18,7 @@ use super::sse::{collect, sse, ChunkFn, LogprobFn};
 use super::validate::{self, ApiError, JsonFormat, Sampling};
 use super::{error, tools, AppState};
 use crate::chat::{
-    encode_marked, render_marked, token_table, ChatOptions, Delta, Effort, JsonMask, JsonReply,
+    encode_marked, token_table, ChatFormat, ChatOptions, Delta, Effort, JsonMask, JsonReply,
     ToolForcer,
 };
 use crate::tokenizer::Tokenizer;
@@ -146,7 +146,28 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
     } else {
         None
     };
-    let (segs, seg_marks) = match render_marked(
+    let format = st.engine.chat_format();
+    if format != ChatFormat::Xtml && (req.tools.tools.is_some() || req.json.is_some()) {
+        return error(ApiError::bad(
+            if req.json.is_some() {
+                "response_format"
+            } else {
+                "tools"
+            },
+            "this model's chat format (harmony) does not support tools or response_format yet"
+                .to_string(),
+        ));
+    }
+    // The splitter the reply will need (harmony's specials must be in the vocabulary).
+    if let Err(e) = format.splitter(st.engine.tokenizer_arc(), false, false) {
+        return error(ApiError {
+            status: 500,
+            message: e.to_string(),
+            param: None,
+            kind: "server_error",
+        });
+    }
+    let (segs, seg_marks) = match format.render(
         &req.messages,
         &ChatOptions {
             thinking: req.thinking,
@@ -158,6 +179,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
                 Some(JsonFormat::Schema(_, v)) => Some(v.clone()),
                 _ => None,
             },
+            date: st.cfg.date.clone(),
         },
     ) {
         Ok(s) => s,
@@ -175,7 +197,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             .and_then(|_| ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel)),
         json: req.json.as_ref().and_then(|f| {
             let tok = st.engine.tokenizer();
-            let vocab = st.engine.model().config().text().vocab_size;
+            let vocab = st.engine.model().vocab_size();
             let table = st
                 .json_tokens
                 .get_or_init(|| token_table(tok, vocab))

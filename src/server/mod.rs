@@ -65,6 +65,8 @@ pub struct ServerConfig {
     /// A test hook: every reply is this text (special tokens allowed), then the end of
     /// message, instead of the model's choice (the model still runs each step).
     pub scripted_reply: Option<String>,
+    /// Today's date (YYYY-MM-DD) for chat formats that render one (harmony); the binary's clock.
+    pub date: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +85,7 @@ impl Default for ServerConfig {
             prompt_cache: true,
             api_key: None,
             scripted_reply: None,
+            date: None,
         }
     }
 }

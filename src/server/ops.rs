@@ -216,7 +216,7 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     );
     let model = st.engine.model();
     let tokens = (b.emitted as f64).max(1.0);
-    let spine = model.spine().bytes_read() as f64;
+    let spine = model.dense_bytes_read() as f64;
     line(
         &mut out,
         "deltafin_spine_bytes_read_total",

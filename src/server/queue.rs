@@ -12,7 +12,7 @@ use super::logprobs::TokenLogprob;
 use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
-use crate::chat::{ChatSplitter, Delta, JsonReply, ToolForcer};
+use crate::chat::{ChatSplitter, Delta, JsonReply, ReplySplitter, ToolForcer};
 use crate::generate::sample::Sampler;
 use crate::generate::StopReason;
 use crate::runtime::batch::{Request, SeqEvent};
@@ -109,7 +109,12 @@ fn listener(
     let mut place = Some(place);
     let mut dec = StreamDecoder::new();
     let (thinking, calls) = chat.unwrap_or((false, false));
-    let mut split = ChatSplitter::new(thinking).with_tools(calls);
+    // `handlers::chat` checked that the format's splitter builds before launching.
+    let mut split = st
+        .engine
+        .chat_format()
+        .splitter(st.engine.tokenizer_arc(), thinking, calls)
+        .unwrap_or_else(|_| ReplySplitter::Xtml(ChatSplitter::new(thinking).with_tools(calls)));
     let mut called = false;
     let mut stop = StopMatcher::new(stops);
     // Tokens up to the one that completed a stop sequence (the rest are dropped).
@@ -155,14 +160,9 @@ fn listener(
                 }
             }
             SeqEvent::Done(g) => {
-                let rest = dec.finish();
                 let d = match chat {
-                    Some(_) => {
-                        let mut d = split.push(&rest);
-                        d.extend(split.finish());
-                        d
-                    }
-                    None => vec![Delta::Content(rest)],
+                    Some(_) => split.finish(&mut dec),
+                    None => vec![Delta::Content(dec.finish())],
                 };
                 send(d, &mut stop);
                 let tail = stop.finish();
@@ -261,7 +261,7 @@ pub(super) fn start(
         marks,
         opts: GenerateOptions {
             max_new,
-            stop_ids: vec![st.engine.eos()],
+            stop_ids: st.engine.stop_ids(),
             speculation: st.cfg.speculation,
         },
         choose: Box::new(move |l: &[f32]| {

@@ -35,6 +35,59 @@ pub fn byte_chars() -> [char; 256] {
     out
 }
 
+/// Token bytes by id, and `(text, id)` specials.
+pub type VocabBytes = (Vec<Vec<u8>>, Vec<(String, u32)>);
+
+/// A loaded byte-level BPE's ids as bytes (its vocabulary spelled in GPT-2's alphabet, ids
+/// `0..n` contiguous) and its added tokens as `(text, id)` specials.
+pub fn vocab_bytes(tk: &tokenizers::Tokenizer) -> std::result::Result<VocabBytes, String> {
+    let table = byte_chars();
+    let mut back = HashMap::new();
+    for (b, c) in table.iter().enumerate() {
+        back.insert(*c, b as u8);
+    }
+    let vocab = tk.get_vocab(false);
+    let added = tk.get_added_tokens_decoder();
+    let mut tokens: Vec<Option<Vec<u8>>> = vec![None; vocab.len()];
+    for (s, &id) in &vocab {
+        if added.contains_key(&id) {
+            continue;
+        }
+        let bytes: Option<Vec<u8>> = s.chars().map(|c| back.get(&c).copied()).collect();
+        let bytes = bytes.ok_or_else(|| {
+            format!("token {id} ({s:?}) is not spelled in the byte-level alphabet (only byte-level BPE tokenizers are supported)")
+        })?;
+        match tokens.get_mut(id as usize) {
+            Some(slot) => *slot = Some(bytes),
+            None => {
+                return Err(format!(
+                    "token id {id} is past the {} vocabulary entries",
+                    vocab.len()
+                ))
+            }
+        }
+    }
+    let n = tokens
+        .iter()
+        .position(Option::is_none)
+        .unwrap_or(tokens.len());
+    if tokens[n..].iter().any(Option::is_some) {
+        return Err(format!(
+            "the vocabulary's ids are not contiguous (id {n} is missing)"
+        ));
+    }
+    tokens.truncate(n);
+    let mut specials: Vec<(String, u32)> = added
+        .iter()
+        .map(|(id, t)| (t.content.clone(), *id))
+        .collect();
+    specials.sort_by_key(|(_, id)| *id);
+    if let Some((s, id)) = specials.iter().find(|(_, id)| (*id as usize) < n) {
+        return Err(format!("added token {s:?} reuses vocabulary id {id}"));
+    }
+    Ok((tokens.into_iter().flatten().collect(), specials))
+}
+
 /// A byte string spelled in the byte-level alphabet.
 fn spell(table: &[char; 256], bytes: &[u8]) -> String {
     bytes.iter().map(|&b| table[b as usize]).collect()

@@ -42,7 +42,19 @@ pub fn start_dir(
         model.set_context_limit(c);
     }
     let tok = Tokenizer::from_dir(&dir).unwrap();
-    let state = AppState::new(deltafin::Engine::from_parts(model, tok, &dir), cfg);
+    start_engine(
+        deltafin::Engine::from_parts(Box::new(model), tok, &dir),
+        cfg,
+    )
+}
+
+/// A server on an opened engine (any model family).
+#[allow(dead_code)]
+pub fn start_engine(
+    engine: deltafin::Engine,
+    cfg: ServerConfig,
+) -> (SocketAddr, std::sync::Arc<AppState>) {
+    let state = AppState::new(engine, cfg);
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.set_nonblocking(true).unwrap();
     let addr = l.local_addr().unwrap();

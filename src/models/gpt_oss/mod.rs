@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+mod as_model;
 pub mod attention;
 pub mod config;
 pub mod fixture;

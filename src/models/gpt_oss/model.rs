@@ -183,7 +183,7 @@ impl GptOssModel {
         self.check_input(ids, state)?;
         let mut last = Vec::new();
         for piece in ids.chunks(self.pass) {
-            last = self.hidden(piece, state)?;
+            last = self.pass_rows(piece, state)?;
         }
         let h = self.cfg.hidden_size;
         self.logits(&last[last.len() - h..], 1)
@@ -191,34 +191,79 @@ impl GptOssModel {
 
     /// Feeds `ids` and returns every position's logits `[T, vocab]` (row-major).
     pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
-        let x = self.hidden(ids, state)?;
+        let x = self.pass_rows(ids, state)?;
         self.logits(&x, ids.len())
     }
 
-    /// The final hidden rows `[T, hidden]` after the last layer (before the final norm).
-    fn hidden(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
+    /// Positions per prefill pass.
+    pub fn pass_len(&self) -> usize {
+        self.pass
+    }
+
+    /// Bytes of dense weights the model maps (resident: never re-read per token).
+    pub fn dense_bytes(&self) -> u64 {
+        self.maps.iter().map(|m| m.len() as u64).sum()
+    }
+
+    /// `hidden` with the model's observers and no cancel flag.
+    fn pass_rows(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
+        self.hidden(ids, state, &self.observers, None)?
+            .ok_or_else(|| Error::Msg("a pass without a cancel flag stopped".into()))
+    }
+
+    /// The model's own observers.
+    pub(super) fn observers(&self) -> &Observers {
+        &self.observers
+    }
+
+    /// Removes every observer.
+    pub fn clear_observers(&mut self) {
+        self.observers.clear();
+    }
+
+    /// The final hidden rows `[T, hidden]` after the last layer (before the final norm), or
+    /// `None` when `cancel` was set between layers (the state then holds part of the pass:
+    /// the caller rewinds it).
+    pub(super) fn hidden(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        obs: &dyn Observer,
+        cancel: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Option<Vec<f32>>> {
         self.check_input(ids, state)?;
+        if state.layers.len() != self.layers.len() {
+            return Err(Error::Msg(format!(
+                "a state of {} layers for a model of {}",
+                state.layers.len(),
+                self.layers.len()
+            )));
+        }
         let mut x = self.embed_rows(ids)?;
         let start = Event::PassStart {
             first_pos: state.pos,
             tokens: ids.len(),
         };
-        self.observers.on(0, &start);
+        obs.on(0, &start);
         for (l, layer) in self.layers.iter().enumerate() {
+            if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
+                return Ok(None);
+            }
             let LayerState::Kv(kv) = &mut state.layers[l] else {
                 return Err(Error::Msg(format!(
                     "layer {l}: the state is not a gpt-oss key/value state"
                 )));
             };
             self.attention(layer, &mut x, &mut kv.cache, state.pos)?;
-            self.mlp(l, layer, &mut x)?;
+            self.mlp(l, layer, &mut x, obs)?;
         }
         state.pos += ids.len();
-        self.observers.on(self.layers.len(), &Event::PassEnd);
-        Ok(x)
+        obs.on(self.layers.len(), &Event::PassEnd);
+        Ok(Some(x))
     }
 
-    /// Refuses empty input, ids past the vocabulary and growth past the context limit.
+    /// Refuses empty input, ids past the vocabulary and growth past the context limit (a
+    /// state of another model's layout is refused by the pass itself).
     pub fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()> {
         if ids.is_empty() {
             return Err(Error::Msg("no input ids".into()));
@@ -227,13 +272,6 @@ impl GptOssModel {
             return Err(Error::Msg(format!(
                 "token id {bad} is outside the vocabulary ({})",
                 self.cfg.vocab_size
-            )));
-        }
-        if state.layers.len() != self.layers.len() {
-            return Err(Error::Msg(format!(
-                "a state of {} layers for a model of {}",
-                state.layers.len(),
-                self.layers.len()
             )));
         }
         let needed = state.pos + ids.len();
@@ -316,7 +354,7 @@ impl GptOssModel {
     }
 
     /// `x += experts(post_norm(x))`, routed by the softmax over the top-k router logits.
-    fn mlp(&self, l: usize, layer: &Layer, x: &mut [f32]) -> Result<()> {
+    fn mlp(&self, l: usize, layer: &Layer, x: &mut [f32], obs: &dyn Observer) -> Result<()> {
         let h = self.cfg.hidden_size;
         let t = x.len() / h;
         let n = rms_norm(x, &layer.post_norm, self.cfg.rms_norm_eps as f32);
@@ -326,7 +364,7 @@ impl GptOssModel {
             .chunks_exact(e)
             .map(|r| Gating::TopKSoftmax.route(r, &[], self.moe.top_k))
             .collect();
-        self.observers.on(l, &Event::Routes(&routes));
+        obs.on(l, &Event::Routes(&routes));
         let y = self.moe.run(
             l,
             &routes,
@@ -340,7 +378,7 @@ impl GptOssModel {
     }
 
     /// `lm_head(norm(x))` for `t` rows.
-    fn logits(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
+    pub(super) fn logits(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
         let n = rms_norm(x, &self.norm, self.cfg.rms_norm_eps as f32);
         let mut y = vec![0f32; t * self.cfg.vocab_size];
         gemm(&self.dense(&self.lm_head)?, &n, t, &mut y)?;

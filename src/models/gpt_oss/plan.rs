@@ -5,6 +5,7 @@
 //! arithmetic (`runtime::memory`).
 
 use crate::checkpoint::Inventory;
+use crate::engine::{CacheRam, LoadOptions};
 use crate::experts::TieredOptions;
 use crate::memory::{rss, Memory, MemoryPlan, PlanInputs};
 use crate::moe::ExecOptions;
@@ -24,6 +25,28 @@ pub struct GptOssOptions {
     pub context: Option<usize>,
     /// Expert store settings (its RAM budget and prefetch cap come from the plan).
     pub store: TieredOptions,
+    /// Extra sequence states the caller keeps.
+    pub saved_states: usize,
+    /// Sequences decoding at once in shared passes (None: the plan picks, up to 8).
+    pub max_batch: Option<usize>,
+    /// RAM for the prompt cache's entries.
+    pub prompt_cache: CacheRam,
+}
+
+impl GptOssOptions {
+    /// The engine's load options as gpt-oss's (spine and device choices do not apply: the
+    /// dense layers are mapped and resident).
+    pub fn from_load(o: &LoadOptions) -> Self {
+        GptOssOptions {
+            memory_limit: o.memory_limit,
+            expert_ram: o.expert_ram,
+            context: o.context,
+            store: o.store.clone(),
+            saved_states: o.saved_states,
+            max_batch: o.max_batch,
+            prompt_cache: o.prompt_cache,
+        }
+    }
 }
 
 /// Bytes one routed expert occupies (its six parts).
@@ -72,9 +95,14 @@ pub fn plan(cfg: &GptOssConfig, inv: &Inventory, o: &GptOssOptions) -> Result<Me
         state_per_position: (cfg.num_hidden_layers * row_width * 4) as u64,
         context: o.context,
         max_context: cfg.max_position_embeddings,
-        saved_states: 0,
-        batch: Some(1),
-        prompt_cache: 0,
+        saved_states: o.saved_states,
+        batch: o.max_batch,
+        prompt_cache: match o.prompt_cache {
+            CacheRam::Off => 0,
+            // Four snapshots of a 4,096-token sequence.
+            CacheRam::Auto => 4 * 4096 * (cfg.num_hidden_layers * row_width * 4) as u64,
+            CacheRam::Bytes(b) => b,
+        },
         // The logits row of the last position, and the lm_head's output.
         activation_bytes: 2 * 4 * cfg.vocab_size as u64,
         pass_row_bytes: 4 * row_floats(cfg),

@@ -84,13 +84,7 @@ impl K3Model {
     /// `run` for the logits `[T, V]` of every position (teacher-forced evaluation; a
     /// convenience).
     pub fn forward_all(&self, ids: &[u32], state: &mut SeqState) -> Result<Tensor> {
-        let f = Forward {
-            logits: Logits::All,
-            ..Default::default()
-        };
-        self.run(ids, state, &f)?
-            .map(|o| o.logits)
-            .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))
+        (self as &dyn crate::runtime::model::Model).forward_all(ids, state)
     }
 
     /// `run` as a verify pass (speculative decoding): the logits `[T, V]` of every position

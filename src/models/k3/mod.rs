@@ -1,6 +1,7 @@
 //! Kimi K3 as Candle modules (spec §3, `docs/k3-spec.md`): the model (`model.rs`), its layers, and
 //! its expert names and expert network (`names.rs`), from which the runtime learns K3's experts.
 
+mod as_model;
 pub mod attn_res;
 pub mod batch;
 pub mod fixture;

@@ -108,7 +108,7 @@ impl KdaUndo {
 pub enum LayerUndo {
     /// A KDA layer.
     Kda(Box<KdaUndo>),
-    /// An MLA layer: the cache length before the pass.
+    /// An MLA layer (or another row cache): the cache length before the pass.
     Mla(usize),
 }
 
@@ -125,6 +125,16 @@ pub struct Rollback {
 }
 
 impl Rollback {
+    /// The record of a pass over a model whose layers hold only row caches (each layer's
+    /// length before the pass): keeping a prefix truncates them.
+    pub(crate) fn row_caches(pos: usize, rows: usize, lens: Vec<usize>) -> Rollback {
+        Rollback {
+            pos,
+            rows,
+            layers: lens.into_iter().map(LayerUndo::Mla).collect(),
+        }
+    }
+
     /// Positions the pass fed.
     pub fn rows(&self) -> usize {
         self.rows
@@ -153,6 +163,7 @@ impl Rollback {
             match (u, st) {
                 (LayerUndo::Kda(u), LayerState::Kda(s)) => u.keep(s, keep),
                 (LayerUndo::Mla(len), LayerState::Mla(s)) => s.cache.truncate(len + keep),
+                (LayerUndo::Mla(len), LayerState::Kv(s)) => s.cache.truncate(len + keep),
                 _ => {
                     return Err(crate::Error::Msg(
                         "the verify record does not match the sequence state".into(),

@@ -309,7 +309,7 @@ impl Active {
 /// cut), then each request takes its rows.
 pub(super) fn step(engine: &Engine, active: &mut [Active], opts: &BatchOptions) -> Step {
     let model = engine.model();
-    let most = model.options.pass_len();
+    let most = model.pass_len();
     let mut st = Step::default();
     // Decode rows first, so the prompt pieces get what the pass has left.
     let mut plans: Vec<Option<Rows>> = Vec::with_capacity(active.len());

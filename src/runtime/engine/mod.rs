@@ -15,11 +15,14 @@ pub use prefill::Prefilled;
 pub use session::{ChatTurn, Session, SessionSnapshot};
 pub use store::expert_store;
 
-use crate::chat::ChatOptions;
+use std::sync::Arc;
+
+use crate::chat::{ChatFormat, ChatOptions};
 use crate::compute::device::DeviceChoice;
 use crate::memory::MemoryPlan;
+use crate::runtime::model::Model;
 use crate::tokenizer::Tokenizer;
-use crate::{K3Model, Result};
+use crate::Result;
 pub use load::{activation_bytes, pass_row_bytes, plan_for, state_bytes, CacheRam, LoadOptions};
 
 /// How to open an engine.
@@ -33,8 +36,8 @@ pub struct EngineOptions {
 
 /// One loaded model and its tokenizer.
 pub struct Engine {
-    model: K3Model,
-    tok: Tokenizer,
+    model: Box<dyn Model>,
+    tok: Arc<Tokenizer>,
     root: PathBuf,
     /// The prompt cache, when attached (`enable_prompt_cache`).
     cache: Option<crate::runtime::prompt_cache::PromptCache>,
@@ -48,18 +51,19 @@ impl Engine {
         Self::open_with(root, opts, |p| tracing::info!("{p}"))
     }
 
-    /// `open`, showing the memory plan to `report` before anything large is read.
+    /// `open`, showing the memory plan to `report` before anything large is read. The
+    /// model's family comes from its config.json (`models::open`).
     pub fn open_with(
         root: &Path,
         opts: &EngineOptions,
         report: impl FnOnce(&MemoryPlan),
     ) -> Result<Engine> {
         let device = crate::compute::device::select(opts.device)?;
-        let model = K3Model::open_with(root, &device, &opts.load, report)?;
+        let model = crate::models::open(root, &device, &opts.load, report)?;
         let tok = Tokenizer::from_dir(root)?;
         Ok(Engine {
             model,
-            tok,
+            tok: Arc::new(tok),
             root: root.to_path_buf(),
             cache: None,
             fingerprint: Default::default(),
@@ -67,10 +71,10 @@ impl Engine {
     }
 
     /// An engine over an already loaded model (tests, custom loading).
-    pub fn from_parts(model: K3Model, tok: Tokenizer, root: &Path) -> Engine {
+    pub fn from_parts(model: Box<dyn Model>, tok: Tokenizer, root: &Path) -> Engine {
         Engine {
             model,
-            tok,
+            tok: Arc::new(tok),
             root: root.to_path_buf(),
             cache: None,
             fingerprint: Default::default(),
@@ -78,18 +82,18 @@ impl Engine {
     }
 
     /// The model.
-    pub fn model(&self) -> &K3Model {
-        &self.model
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
     }
 
     /// The model, to attach observers (router trace, layer profile) or change the context
     /// limit before sessions start.
-    pub fn model_mut(&mut self) -> &mut K3Model {
-        &mut self.model
+    pub fn model_mut(&mut self) -> &mut dyn Model {
+        self.model.as_mut()
     }
 
     /// The model, owned (the engine's tokenizer is dropped).
-    pub fn into_model(self) -> K3Model {
+    pub fn into_model(self) -> Box<dyn Model> {
         self.model
     }
 
@@ -98,14 +102,35 @@ impl Engine {
         &self.tok
     }
 
+    /// The tokenizer, shared (for splitters that outlive a borrow of the engine).
+    pub fn tokenizer_arc(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    /// The model's chat format.
+    pub fn chat_format(&self) -> ChatFormat {
+        self.model.chat_format()
+    }
+
     /// The model root.
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    /// The end-of-message token, which ends a reply.
+    /// The token that ends a reply (the first of `stop_ids`).
     pub fn eos(&self) -> u32 {
-        self.model.config().eos_token_id
+        self.model.stop_ids().first().copied().unwrap_or(0)
+    }
+
+    /// Every token that ends a reply: the model's and its chat format's.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids = self.model.stop_ids();
+        for id in self.chat_format().end_ids(&self.tok) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
     }
 
     /// A new, empty session that chats with `chat`.

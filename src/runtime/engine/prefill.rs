@@ -132,7 +132,7 @@ impl Engine {
             return Ok((g, self.model.new_state()));
         };
         let (mut state, cached) = (pre.state, pre.cached);
-        let mut g = Generator::new(&self.model).decode_from(
+        let mut g = Generator::new(self.model.as_ref()).decode_from(
             &mut state, ids, pre.logits, pre.ms, opts, cancel, choose, on_token,
         )?;
         g.cached = cached;

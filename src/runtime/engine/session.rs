@@ -8,12 +8,9 @@
 use std::sync::atomic::AtomicBool;
 
 use super::Engine;
-use crate::chat::{
-    close_turn, encode_marked, encode_segments, render_continuation, render_marked, ChatOptions,
-    ChatSplitter, Delta, Message, Phase,
-};
+use crate::chat::{encode_marked, ChatOptions, Delta, Message, Phase};
 use crate::generate::{GenerateOptions, Generation, Generator};
-use crate::models::k3::SeqState;
+use crate::runtime::model::SeqState;
 use crate::tokenizer::StreamDecoder;
 use crate::Result;
 
@@ -199,25 +196,37 @@ impl<'e> Session<'e> {
         mut on_delta: impl FnMut(Delta),
     ) -> Result<ChatTurn> {
         let tok = self.engine.tokenizer();
-        let eos = self.engine.eos();
+        let format = self.engine.chat_format();
         let (history_len, phase) = (self.history.len(), self.phase);
+        let fresh = self.fed.is_empty() && self.pending.is_none();
+        if !format.continues() && !fresh {
+            // The format renders the whole history each turn (see `ChatFormat::continues`).
+            self.reset_state();
+        }
         let (ids, marks) = if self.fed.is_empty() && self.pending.is_none() {
             self.history.extend_from_slice(messages);
-            let (segs, marks) = render_marked(&self.history, &self.chat)?;
+            let (segs, marks) = format.render(&self.history, &self.chat)?;
             encode_marked(tok, &segs, &marks)
         } else {
             // The previous reply ended with its end-of-message token (still pending), or was
             // cut short: close it as the full rendering would, after its last token.
-            let mut segs = Vec::new();
-            if self.pending != Some(eos) {
-                segs = close_turn(self.phase);
-            }
-            segs.extend(render_continuation(messages, &self.chat)?);
+            let ids = format.continuation(
+                tok,
+                self.pending,
+                self.engine.eos(),
+                self.phase,
+                messages,
+                &self.chat,
+            )?;
             self.history.extend_from_slice(messages);
-            (encode_segments(tok, &segs), Vec::new())
+            (ids, Vec::new())
         };
         let mut dec = StreamDecoder::new();
-        let mut split = ChatSplitter::new(self.chat.thinking).with_tools(self.chat.calls_on());
+        let mut split = format.splitter(
+            self.engine.tokenizer_arc(),
+            self.chat.thinking,
+            self.chat.calls_on(),
+        )?;
         let (mut reasoning, mut content) = (String::new(), String::new());
         let mut calls = Vec::new();
         let mut emit = |d: Vec<Delta>, reasoning: &mut String, content: &mut String| {
@@ -248,9 +257,7 @@ impl<'e> Session<'e> {
                 tool_calls: calls,
             });
         }
-        let mut rest = split.push(&dec.finish());
-        rest.extend(split.finish());
-        emit(rest, &mut reasoning, &mut content);
+        emit(split.finish(&mut dec), &mut reasoning, &mut content);
         self.phase = split.phase();
         let mut reply = Message::new("assistant", &content);
         reply.reasoning_content = Some(reasoning.clone());

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::models::k3::{Forward, K3Model, Output, SeqState};
+use crate::runtime::model::{Forward, Model, Output, SeqState};
 use crate::Result;
 
 /// What ends generation early.
@@ -81,12 +81,12 @@ pub fn top_k(v: &[f32], k: usize) -> Vec<(u32, f32)> {
 
 /// Greedy generation over a model.
 pub struct Generator<'m> {
-    model: &'m K3Model,
+    model: &'m dyn Model,
 }
 
 impl<'m> Generator<'m> {
     /// A generator over `model`.
-    pub fn new(model: &'m K3Model) -> Self {
+    pub fn new(model: &'m dyn Model) -> Self {
         Generator { model }
     }
 

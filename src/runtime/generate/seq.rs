@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::decode::{Emitter, Pass};
 use super::{spec, top_k, DepthController, Drafter, GenerateOptions, Generation};
-use crate::models::k3::{K3Model, MlaMode, SeqState};
+use crate::runtime::model::{Model, SeqState};
 use crate::Result;
 
 /// The caller's side of emitting: the chooser, the token callback and the cancel flag.
@@ -52,16 +52,17 @@ impl SeqDecoder {
     /// Decoding after a prefill whose last logits are `first` (`out`: the generation so far,
     /// with its prompt and prefill time).
     pub fn new(
-        model: &K3Model,
+        model: &dyn Model,
         mut out: Generation,
         first: &[f32],
         opts: &GenerateOptions,
     ) -> Self {
         out.first_step_top = top_k(first, 10);
-        // Expanded MLA (the reference form) is not row-independent: no verify passes there.
-        let spec = match model.options.mla {
-            MlaMode::Compact => opts.speculation,
-            MlaMode::Expanded => spec::Speculation::OFF,
+        // A model whose verify passes are not row-independent gets none.
+        let spec = if model.can_verify() {
+            opts.speculation
+        } else {
+            spec::Speculation::OFF
         };
         SeqDecoder {
             opts: opts.clone(),
@@ -70,7 +71,7 @@ impl SeqDecoder {
             out,
             started: Instant::now(),
             limit: model.context_limit(),
-            vocab: model.config().text().vocab_size,
+            vocab: model.vocab_size(),
         }
     }
 
@@ -79,7 +80,7 @@ impl SeqDecoder {
     /// stop token, `max_new`, a cancel or the context limit).
     pub fn absorb(
         &mut self,
-        model: &K3Model,
+        model: &dyn Model,
         state: &mut SeqState,
         mut pass: Pass,
         drafter: &mut dyn Drafter,

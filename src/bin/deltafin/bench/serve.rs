@@ -71,7 +71,7 @@ fn prompt(vocab: u32, len: usize, seed: u32) -> Vec<u32> {
 }
 
 fn vocab_of(e: &Engine, o: &ServeBenchOptions) -> u32 {
-    let v = e.model().config().text().vocab_size as u32;
+    let v = e.model().vocab_size() as u32;
     o.id_max.map_or(v, |m| m.clamp(1, v))
 }
 
@@ -120,7 +120,7 @@ fn run_batch(
                     a[i].push(Instant::now());
                 }
                 if let Ok(mut f) = first.lock() {
-                    f.get_or_insert_with(|| (eng.model().spine().bytes_read(), expert_bytes(&eng)));
+                    f.get_or_insert_with(|| (eng.model().dense_bytes_read(), expert_bytes(&eng)));
                 }
             }
             SeqEvent::Done(_) => {
@@ -139,7 +139,7 @@ fn run_batch(
             .map_err(|e| Error::Msg(e.to_string()))?
             .map_err(Error::Msg)?;
     }
-    let (sp1, ex1) = (e.model().spine().bytes_read(), expert_bytes(e));
+    let (sp1, ex1) = (e.model().dense_bytes_read(), expert_bytes(e));
     let arr = arrivals
         .lock()
         .map_err(|_| Error::Msg("poisoned".into()))?
@@ -209,7 +209,12 @@ pub fn serve_bench(
             prefill_tokens,
         },
     );
-    let r = e.model().spine().report();
+    let r = e
+        .model()
+        .downcast::<deltafin::K3Model>()
+        .ok_or_else(|| Error::Msg("bench serve needs a Kimi K3 checkpoint".into()))?
+        .spine()
+        .report();
     emit(
         serde_json::json!({"figure": "serve_setup", "spine_layers_streamed": r.layers_streamed,
         "spine_bytes_read_per_pass": r.bytes_read_per_token, "cold": o.cold,

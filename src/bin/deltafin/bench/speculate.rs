@@ -19,7 +19,7 @@ pub(crate) struct ColdFiles(pub Vec<std::path::PathBuf>);
 
 impl ColdFiles {
     /// Makes every pass of `model` start with `root`'s files out of the page cache.
-    pub(crate) fn observe(model: &mut K3Model, root: &Path) -> Result<()> {
+    pub(crate) fn observe(model: &mut dyn deltafin::Model, root: &Path) -> Result<()> {
         let mut files = Vec::new();
         files_under(root, &mut files)?;
         model.observe(std::sync::Arc::new(ColdFiles(files)));

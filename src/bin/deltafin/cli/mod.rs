@@ -436,3 +436,19 @@ fn convert(
     eprintln!("spine ({}) written to {}", format.dir_name(), dir.display());
     Ok(())
 }
+
+/// The engine's model as K3 (the commands that read K3's internals: spine report, kernel).
+pub fn k3(engine: &deltafin::Engine) -> anyhow::Result<&deltafin::K3Model> {
+    engine
+        .model()
+        .downcast::<deltafin::K3Model>()
+        .ok_or_else(|| anyhow::anyhow!("this command needs a Kimi K3 checkpoint"))
+}
+
+/// `k3`, mutable (to attach observers before sessions start).
+pub fn k3_mut(engine: &mut deltafin::Engine) -> anyhow::Result<&mut deltafin::K3Model> {
+    engine
+        .model_mut()
+        .downcast_mut::<deltafin::K3Model>()
+        .ok_or_else(|| anyhow::anyhow!("this command needs a Kimi K3 checkpoint"))
+}

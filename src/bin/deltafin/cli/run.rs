@@ -133,7 +133,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         }
         _ => load_engine(&root, &a.store, 0)?,
     };
-    let model = engine.model_mut();
+    let model = super::k3_mut(&mut engine)?;
     // The pass observers: the router trace and the layer profile.
     let router_trace = match &a.router_trace {
         Some(p) => Some(Arc::new(RouterTrace::create(p)?)),
@@ -168,7 +168,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let (model, tok) = (engine.model(), Some(engine.tokenizer()));
+    let (model, tok) = (super::k3(&engine)?, Some(engine.tokenizer()));
     let tok = tok.filter(|_| a.prompt.is_some());
     let thinking = a.chat && !a.no_thinking;
     let prompt_ids: Vec<u32> = match (&a.prompt, &tok) {

@@ -146,6 +146,8 @@ fn serve_state(
         default_effort: std::env::var("K3_REASONING_EFFORT").ok(),
         prompt_cache: !a.cache.no_prompt_cache,
         api_key: a.api_key.clone(),
+        // Harmony (gpt-oss) renders the date: the day the server started.
+        date: Some(super::run_gpt_oss::today()),
         ..Default::default()
     };
     if deltafin::install::read_manifest(root)

@@ -141,7 +141,18 @@ pub fn load_engine_with(
         device: store.device,
     };
     let engine = Engine::open_with(root, &opts, |p| eprintln!("{p}"))?;
-    let model = engine.model();
+    let Some(model) = engine.model().downcast::<deltafin::K3Model>() else {
+        // Another family (gpt-oss): dense layers mapped and resident, experts streamed.
+        let m = engine.model();
+        eprintln!(
+            "CPU ({} threads); experts: RAM tier {:.2} GB, local shards, {} readers; dense weights mapped and resident; context limit {} tokens",
+            rayon::current_num_threads(),
+            m.plan().map_or(0, |p| p.expert_ram) as f64 / 1e9,
+            store.readers,
+            m.context_limit()
+        );
+        return Ok(engine);
+    };
     let r = model.spine().report();
     let ram = model.plan().map(|p| p.expert_ram).unwrap_or(0);
     eprintln!(

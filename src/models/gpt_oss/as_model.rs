@@ -1,0 +1,192 @@
+//! gpt-oss as the runtime's `Model`: `run` feeds positions in plan-sized passes (one pass with
+//! an undo record for a verify pass: keeping a prefix truncates the key/value caches), honours
+//! a cancel flag between layers (rewinding the state), and returns logits as Candle tensors.
+//! `run_batch` runs each item as its own `run` (bit-identical to alone by construction; a
+//! batch shares no expert reads yet). Owns the mapping; the math is `model.rs`'s.
+
+use std::sync::Arc;
+
+use candle::{Device, Tensor};
+
+use super::GptOssModel;
+use crate::chat::ChatFormat;
+use crate::experts::ExpertStats;
+use crate::memory::MemoryPlan;
+use crate::models::k3::observe::Both;
+use crate::models::k3::state::LayerState;
+use crate::runtime::model::{
+    BatchItem, Event, Forward, Logits, Model, Observer, Output, Rollback, SeqState,
+};
+use crate::{Error, Result};
+
+impl GptOssModel {
+    /// One `run` pass: hidden rows of `ids`, or `None` when cancelled (state rewound).
+    fn pass(&self, ids: &[u32], state: &mut SeqState, f: &Forward<'_>) -> Result<Option<Vec<f32>>> {
+        let mark = f.cancel.map(|_| state.mark());
+        let out = match f.observer {
+            Some(o) => self.hidden(ids, state, &Both(self.observers(), o), f.cancel)?,
+            None => self.hidden(ids, state, self.observers(), f.cancel)?,
+        };
+        if out.is_none() {
+            if let Some(m) = mark {
+                state.rewind(m);
+            }
+        }
+        Ok(out)
+    }
+
+    fn tensor(&self, v: Vec<f32>, rows: Option<usize>) -> Result<Tensor> {
+        let vocab = self.config().vocab_size;
+        Ok(match rows {
+            None => Tensor::from_vec(v, vocab, &Device::Cpu)?,
+            Some(t) => Tensor::from_vec(v, (t, vocab), &Device::Cpu)?,
+        })
+    }
+}
+
+impl Model for GptOssModel {
+    fn new_state(&self) -> SeqState {
+        GptOssModel::new_state(self)
+    }
+
+    fn run(&self, ids: &[u32], state: &mut SeqState, f: &Forward<'_>) -> Result<Option<Output>> {
+        self.check_input(ids, state)?;
+        let h = self.config().hidden_size;
+        if f.undo {
+            let (pos, lens) = (state.pos, row_lens(state));
+            let Some(x) = self.pass(ids, state, &Forward { cancel: None, ..*f })? else {
+                return Err(Error::Msg("verify was cancelled".into()));
+            };
+            let logits = self.tensor(self.logits(&x, ids.len())?, Some(ids.len()))?;
+            return Ok(Some(Output {
+                logits,
+                rollback: Some(Rollback::row_caches(pos, ids.len(), lens)),
+            }));
+        }
+        let mark = f.cancel.map(|_| state.mark());
+        let (mut last, mut all) = (Vec::new(), Vec::new());
+        for piece in ids.chunks(self.pass_len()) {
+            let Some(x) = self.pass(piece, state, f)? else {
+                if let Some(m) = mark {
+                    state.rewind(m);
+                }
+                return Ok(None);
+            };
+            match f.logits {
+                Logits::All => all.extend(self.logits(&x, piece.len())?),
+                Logits::Last => last = x,
+            }
+        }
+        let logits = match f.logits {
+            Logits::All => self.tensor(all, Some(ids.len()))?,
+            Logits::Last => self.tensor(self.logits(&last[last.len() - h..], 1)?, None)?,
+        };
+        Ok(Some(Output {
+            logits,
+            rollback: None,
+        }))
+    }
+
+    fn run_batch(
+        &self,
+        items: &mut [BatchItem<'_>],
+        observer: Option<&dyn Observer>,
+    ) -> Result<Vec<Output>> {
+        for it in items.iter() {
+            self.check_input(it.ids, it.state)?;
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            let f = Forward {
+                observer,
+                cancel: None,
+                logits: it.logits,
+                undo: it.undo,
+            };
+            out.push(
+                Model::run(self, it.ids, it.state, &f)?
+                    .ok_or_else(|| Error::Msg("a batched pass was cancelled".into()))?,
+            );
+        }
+        Ok(out)
+    }
+
+    fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()> {
+        GptOssModel::check_input(self, ids, state)
+    }
+
+    fn keep(&self, rb: Rollback, state: &mut SeqState, rows: usize) -> Result<()> {
+        rb.keep(state, rows)?;
+        self.observers().on(0, &Event::Kept { rows });
+        Ok(())
+    }
+
+    fn can_verify(&self) -> bool {
+        true
+    }
+
+    fn context_limit(&self) -> usize {
+        GptOssModel::context_limit(self)
+    }
+
+    fn set_context_limit(&mut self, n: usize) {
+        GptOssModel::set_context_limit(self, n)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config().vocab_size
+    }
+
+    fn stop_ids(&self) -> Vec<u32> {
+        self.config().eos_ids().unwrap_or_default()
+    }
+
+    fn chat_format(&self) -> ChatFormat {
+        ChatFormat::Harmony
+    }
+
+    fn pass_len(&self) -> usize {
+        GptOssModel::pass_len(self)
+    }
+
+    fn plan(&self) -> Option<&MemoryPlan> {
+        GptOssModel::plan(self)
+    }
+
+    fn dense_bytes_read(&self) -> u64 {
+        // Mapped and resident: the page cache reads them once, no pass re-reads them.
+        0
+    }
+
+    fn expert_stats(&self) -> Option<ExpertStats> {
+        self.experts().stats()
+    }
+
+    fn observe(&mut self, o: Arc<dyn Observer>) {
+        GptOssModel::observe(self, o)
+    }
+
+    fn clear_observers(&mut self) {
+        GptOssModel::clear_observers(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// Each layer's cache length.
+fn row_lens(state: &SeqState) -> Vec<usize> {
+    state
+        .layers
+        .iter()
+        .map(|l| match l {
+            LayerState::Kv(k) => k.cache.len(),
+            _ => 0,
+        })
+        .collect()
+}
