@@ -296,7 +296,7 @@ pub fn render_conversation(messages: &[Message], opts: &ChatOptions) -> Result<V
 /// The tool name and 1-based call index a `tool` message answers: its `tool_call_id` looked up
 /// in the latest assistant message's calls, else its own `tool` name and its place among the
 /// tool messages after that assistant message.
-fn tool_target(messages: &[Message], at: usize) -> Result<(String, usize)> {
+pub(crate) fn tool_target(messages: &[Message], at: usize) -> Result<(String, usize)> {
     let m = &messages[at];
     let asst = messages[..at].iter().rposition(|x| x.role == "assistant");
     let calls = asst.map_or(&[][..], |a| &messages[a].tool_calls[..]);
@@ -402,6 +402,7 @@ pub fn segments_text(segs: &[Segment]) -> String {
 mod force;
 pub mod format;
 pub mod harmony;
+pub mod harmony_tools;
 mod json_mask;
 mod json_schema;
 mod schema_machine;

@@ -21,9 +21,15 @@ use deltafin::runtime::prompt_cache::PromptCacheOptions;
 use deltafin::{Engine, GenerateOptions};
 use serde_json::{json, Value};
 
+/// The tiny shape with a 1,024-position context (its tokenizer spends hundreds of ids on
+/// harmony's system block and a tools section).
 fn tiny(seed: u64) -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
-    write_gpt_oss(d.path(), &GptOssShape::tiny(), seed, 2).unwrap();
+    let shape = GptOssShape {
+        original_context: 256,
+        ..GptOssShape::tiny()
+    };
+    write_gpt_oss(d.path(), &shape, seed, 2).unwrap();
     d
 }
 
@@ -67,6 +73,31 @@ fn opts(n: usize, spec: Speculation) -> GenerateOptions {
         stop_ids: Vec::new(),
         speculation: spec,
     }
+}
+
+/// One chat turn whose reply is `script` (then `end`), whatever the logits.
+fn scripted_turn(
+    e: &Engine,
+    s: &mut deltafin::Session<'_>,
+    msgs: &[Message],
+    script: &[u32],
+    end: u32,
+) -> deltafin::ChatTurn {
+    let o = GenerateOptions {
+        max_new: 64,
+        stop_ids: e.stop_ids(),
+        speculation: Speculation::OFF,
+    };
+    let mut it = script.iter().copied();
+    let no = AtomicBool::new(false);
+    s.chat_turn(
+        msgs,
+        &o,
+        &no,
+        &mut |_l: &[f32]| it.next().unwrap_or(end),
+        |_| {},
+    )
+    .unwrap()
 }
 
 #[test]
@@ -198,7 +229,6 @@ fn verify_pass_keeps_a_prefix_exactly() {
 fn chat_turns_render_harmony_and_split_on_ids() {
     let d = tiny(6);
     let e = engine(d.path());
-    let no = AtomicBool::new(false);
     let tok = e.tokenizer();
     let id = |s: &str| tok.special_id(s).unwrap();
     let (start, channel, message, end, ret) = (
@@ -221,21 +251,13 @@ fn chat_turns_render_harmony_and_split_on_ids() {
     script.extend(tok.encode_ordinary("the answer"));
     script.push(ret);
     let mut s = e.session(ChatOptions::default());
-    let o = GenerateOptions {
-        max_new: 64,
-        stop_ids: e.stop_ids(),
-        speculation: Speculation::OFF,
-    };
-    let mut it = script.clone().into_iter();
-    let t = s
-        .chat_turn(
-            &[Message::new("user", "What is 2+2?")],
-            &o,
-            &no,
-            &mut |_l: &[f32]| it.next().unwrap_or(ret),
-            |_| {},
-        )
-        .unwrap();
+    let t = scripted_turn(
+        &e,
+        &mut s,
+        &[Message::new("user", "What is 2+2?")],
+        &script,
+        ret,
+    );
     assert_eq!(t.generation.generated_ids, script);
     assert_eq!(t.reasoning, "think about it");
     assert_eq!(t.content, "the answer");
@@ -246,16 +268,13 @@ fn chat_turns_render_harmony_and_split_on_ids() {
     );
     // The second turn re-renders the history: the first reply as a final-channel message, its
     // reasoning dropped (the published template).
-    let mut it = script.clone().into_iter();
-    let t2 = s
-        .chat_turn(
-            &[Message::new("user", "And 3+3?")],
-            &o,
-            &no,
-            &mut |_l: &[f32]| it.next().unwrap_or(ret),
-            |_| {},
-        )
-        .unwrap();
+    let t2 = scripted_turn(
+        &e,
+        &mut s,
+        &[Message::new("user", "And 3+3?")],
+        &script,
+        ret,
+    );
     let p2 = tok.decode(&t2.generation.prompt_ids);
     assert!(
         p2.contains("<|start|>assistant<|channel|>final<|message|>the answer<|end|><|start|>user<|message|>And 3+3?"),
@@ -279,7 +298,7 @@ fn server_answers_concurrent_requests_as_each_alone() {
         },
     )
     .unwrap();
-    e.model_mut().set_context_limit(512);
+    e.model_mut().set_context_limit(1024);
     let cfg = deltafin::server::ServerConfig {
         max_batch: 4,
         ..Default::default()
@@ -316,7 +335,8 @@ fn server_answers_concurrent_requests_as_each_alone() {
             .collect()
     });
     assert_eq!(together, alone);
-    // A chat request renders harmony; tools are refused by name (not rendered wrongly).
+    // A chat request renders harmony, with tools too; forcing a call is refused by name (not
+    // rendered wrongly).
     let chat = json!({"model": "deltafin-kimi-k3", "messages": [{"role": "user", "content": "hi"}],
                       "max_tokens": 8, "temperature": 0});
     let (code, _, b) = client::http(addr, "POST", "/v1/chat/completions", &chat.to_string());
@@ -325,6 +345,60 @@ fn server_answers_concurrent_requests_as_each_alone() {
     tools["tools"] =
         json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
     let (code, _, b) = client::http(addr, "POST", "/v1/chat/completions", &tools.to_string());
+    assert_eq!(code, 200, "{b}");
+    tools["tool_choice"] = json!("required");
+    let (code, _, b) = client::http(addr, "POST", "/v1/chat/completions", &tools.to_string());
     assert_eq!(code, 400, "{b}");
     assert!(b.contains("harmony"), "{b}");
+}
+
+/// A reply that calls a declared function (harmony's commentary channel addressed
+/// `to=functions.NAME`, ended by `<|call|>`) comes back as a tool call; the next turn renders the
+/// call and the tool's result as the template does.
+#[test]
+fn a_tool_call_round_trip_in_harmony() {
+    let d = tiny(9);
+    let e = engine(d.path());
+    let tok = e.tokenizer();
+    let id = |s: &str| tok.special_id(s).unwrap();
+    let mut script = vec![id("<|channel|>")];
+    script.extend(tok.encode_ordinary("commentary to=functions.get_weather "));
+    script.push(id("<|constrain|>"));
+    script.extend(tok.encode_ordinary("json"));
+    script.push(id("<|message|>"));
+    script.extend(tok.encode_ordinary(r#"{"city":"Paris"}"#));
+    script.push(id("<|call|>"));
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let chat = ChatOptions {
+        tools: Some(tools),
+        ..Default::default()
+    };
+    let mut s = e.session(chat);
+    let user = [Message::new("user", "Weather in Paris?")];
+    let t = scripted_turn(&e, &mut s, &user, &script, 0);
+    assert_eq!(
+        t.generation.generated_ids, script,
+        "<|call|> ends the reply"
+    );
+    assert_eq!(t.tool_calls.len(), 1, "{t:?}");
+    assert_eq!(t.tool_calls[0].name, "get_weather");
+    assert_eq!(t.tool_calls[0].arguments, r#"{"city":"Paris"}"#);
+    assert!(t.content.is_empty() && t.reasoning.is_empty(), "{t:?}");
+    let prompt = tok.decode(&t.generation.prompt_ids);
+    assert!(
+        prompt.contains("type get_weather = (_: {\ncity: string,\n}) => any;"),
+        "{prompt}"
+    );
+    let mut result = Message::new("tool", "18 C, cloudy");
+    result.tool_call_id = Some(t.tool_calls[0].id.clone());
+    result.tool = Some("get_weather".into());
+    let t2 = scripted_turn(&e, &mut s, &[result], &[], id("<|return|>"));
+    let p2 = tok.decode(&t2.generation.prompt_ids);
+    assert!(
+        p2.contains(r#"<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Paris"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C, cloudy"<|end|><|start|>assistant"#),
+        "{p2}"
+    );
 }

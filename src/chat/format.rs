@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::harmony::{self, Channel, HarmonyIds, HarmonyOptions, HarmonySplitter, Reasoning};
 use super::{
     close_turn, encode_segments, render_continuation, render_marked, ChatOptions, ChatSplitter,
-    Delta, Effort, Message, Phase, Segment,
+    Delta, Effort, Message, Phase, Segment, ToolCall, ToolChoice,
 };
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{Error, Result};
@@ -35,9 +35,9 @@ impl ChatFormat {
         match self {
             ChatFormat::Xtml => render_marked(messages, opts),
             ChatFormat::Harmony => {
-                if opts.tools.is_some() || opts.response_schema.is_some() {
+                if opts.response_schema.is_some() {
                     return Err(Error::Msg(
-                        "harmony (gpt-oss): tools and response_format json_schema are not supported yet"
+                        "harmony (gpt-oss): response_format json_schema is not supported yet"
                             .into(),
                     ));
                 }
@@ -103,6 +103,8 @@ impl ChatFormat {
                     split: HarmonySplitter::new(ids, move |i: &[u32]| t.decode(i)),
                     decoders: Default::default(),
                     last: None,
+                    calls,
+                    call_body: Vec::new(),
                 }))
             }
         })
@@ -113,6 +115,11 @@ impl ChatFormat {
 /// to the template's medium.
 fn harmony_options(opts: &ChatOptions) -> HarmonyOptions {
     let mut h = HarmonyOptions {
+        // `tool_choice: none` declares nothing (the model is not told of the tools).
+        tools: opts
+            .tools
+            .clone()
+            .filter(|_| opts.tool_choice != ToolChoice::None),
         reasoning: match opts.effort {
             Some(Effort::Low) => Reasoning::Low,
             Some(Effort::High | Effort::Max) => Reasoning::High,
@@ -146,12 +153,16 @@ pub fn harmony_ids(tok: &Tokenizer) -> Result<HarmonyIds> {
 }
 
 /// A harmony reply: the channel of each id, and one decoder per channel so a code point split
-/// across tokens is never split across channels.
+/// across tokens is never split across channels; a call's arguments are collected until
+/// `<|call|>` ends them.
 #[derive(Debug)]
 pub struct HarmonyReply {
     split: HarmonySplitter,
     decoders: [StreamDecoder; 2],
     last: Option<Channel>,
+    /// Calls are returned as calls (tools declared and not `tool_choice: none`).
+    calls: bool,
+    call_body: Vec<u32>,
 }
 
 /// Splits a reply in its format into deltas.
@@ -180,7 +191,18 @@ impl ReplySplitter {
                         out.push(Delta::Reasoning(h.decoders[0].push(tok, id)))
                     }
                     Some(Channel::Final) => out.push(Delta::Content(h.decoders[1].push(tok, id))),
+                    Some(Channel::Call) => h.call_body.push(id),
                     _ => {}
+                }
+                if let Some(name) = h.split.take_call() {
+                    let arguments = tok.decode(&std::mem::take(&mut h.call_body));
+                    if h.calls {
+                        out.push(Delta::ToolCall(ToolCall {
+                            id: String::new(),
+                            name,
+                            arguments: arguments.trim().to_string(),
+                        }));
+                    }
                 }
                 out.retain(
                     |d| !matches!(d, Delta::Reasoning(t) | Delta::Content(t) if t.is_empty()),

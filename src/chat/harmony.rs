@@ -7,7 +7,8 @@
 //! `<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…<|return|>`:
 //! the splitter reads headers (role, channel) between `<|start|>`/`<|channel|>` and
 //! `<|message|>`, bodies up to `<|end|>`, `<|return|>` or `<|call|>`, never matching text.
-//! Tools in harmony's TypeScript form are not rendered yet (refused by name). Owns the format;
+//! Tools (the TypeScript namespace, calls and results) are `harmony_tools`'; a reply's call is a
+//! `commentary` body whose header says `to=functions.NAME`, ended by `<|call|>`. Owns the format;
 //! must not touch the model.
 
 use super::{Message, Segment};
@@ -57,6 +58,8 @@ pub struct HarmonyOptions {
     pub reasoning: Reasoning,
     /// The model identity line.
     pub identity: String,
+    /// Declared functions (OpenAI `tools`), rendered as harmony's TypeScript namespace.
+    pub tools: Option<serde_json::Value>,
 }
 
 impl Default for HarmonyOptions {
@@ -65,15 +68,16 @@ impl Default for HarmonyOptions {
             date: "2026-01-01".into(),
             reasoning: Reasoning::Medium,
             identity: "You are ChatGPT, a large language model trained by OpenAI.".into(),
+            tools: None,
         }
     }
 }
 
-fn control(out: &mut Vec<Segment>, s: &str) {
+pub(super) fn control(out: &mut Vec<Segment>, s: &str) {
     out.push(Segment::Control(s.into()));
 }
 
-fn text(out: &mut Vec<Segment>, s: &str) {
+pub(super) fn text(out: &mut Vec<Segment>, s: &str) {
     if !s.is_empty() {
         out.push(Segment::Text(s.into()));
     }
@@ -106,30 +110,37 @@ pub fn render_marked(
     opts: &HarmonyOptions,
 ) -> Result<(Vec<Segment>, Vec<usize>)> {
     let mut out = Vec::new();
-    let system = format!(
+    let mut system = format!(
         "{}\nKnowledge cutoff: 2024-06\nCurrent date: {}\n\nReasoning: {}\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.",
         opts.identity,
         opts.date,
         opts.reasoning.name()
     );
+    if opts.tools.is_some() {
+        system.push_str("\nCalls to these tools must go to the commentary channel: 'functions'.");
+    }
     message(&mut out, &[("system", false)], &system, END);
-    let (developer, rest) = match messages.first() {
-        Some(m) if m.role == "system" || m.role == "developer" => (Some(m), &messages[1..]),
-        _ => (None, messages),
+    let skip = match messages.first() {
+        Some(m) if m.role == "system" || m.role == "developer" => 1,
+        _ => 0,
     };
-    if let Some(d) = developer.filter(|d| !d.content.is_empty()) {
-        let body = format!("# Instructions\n\n{}\n\n", d.content);
+    let developer = messages[..skip].first().filter(|d| !d.content.is_empty());
+    let mut body = String::new();
+    if let Some(d) = developer {
+        body = format!("# Instructions\n\n{}\n\n", d.content);
+    }
+    if let Some(t) = &opts.tools {
+        body.push_str(&super::harmony_tools::tools_section(t)?);
+    }
+    if !body.is_empty() {
         message(&mut out, &[("developer", false)], &body, END);
     }
     let mut marks = vec![out.len()];
-    for m in rest {
+    for (at, m) in messages.iter().enumerate().skip(skip) {
         match m.role.as_str() {
             "user" => message(&mut out, &[("user", false)], &m.content, END),
             "assistant" if !m.tool_calls.is_empty() => {
-                return Err(Error::Msg(
-                    "gpt-oss: assistant tool calls are not rendered yet (harmony's tool form)"
-                        .into(),
-                ))
+                super::harmony_tools::render_calls(&mut out, m)
             }
             // Earlier turns keep only their final answer (the template drops reasoning).
             "assistant" => message(
@@ -138,9 +149,18 @@ pub fn render_marked(
                 &m.content,
                 END,
             ),
+            "tool" => {
+                let (name, _) = super::tool_target(messages, at)?;
+                if name.is_empty() {
+                    return Err(Error::Msg(
+                        "gpt-oss: a tool message needs the call it answers (tool_call_id) or the function's name".into(),
+                    ));
+                }
+                super::harmony_tools::render_result(&mut out, &name, &m.content);
+            }
             other => {
                 return Err(Error::Msg(format!(
-                    "gpt-oss: a `{other}` message here is not supported (system/developer first, then user and assistant)"
+                    "gpt-oss: a `{other}` message here is not supported (system/developer first, then user, assistant and tool)"
                 )))
             }
         }
@@ -186,8 +206,10 @@ pub enum Channel {
     Analysis,
     /// `final`: the answer.
     Final,
-    /// `commentary` (tool preambles and calls), or a channel the model made up.
+    /// `commentary` (tool preambles), or a channel the model made up.
     Other,
+    /// A body addressed to a function (`to=functions.NAME`): a call's arguments.
+    Call,
 }
 
 /// Turns ids into text (a channel name).
@@ -200,6 +222,14 @@ pub struct HarmonySplitter {
     ids: HarmonyIds,
     part: Part,
     channel: Vec<u32>,
+    /// The ordinary ids of the current header since its last special (role, recipient,
+    /// channel), and the text of its earlier parts.
+    header: Vec<u32>,
+    head_text: String,
+    /// The function the current body is addressed to.
+    recipient: Option<String>,
+    /// The function a finished call addressed (`take_call`).
+    called: Option<String>,
     decode: Decoder,
 }
 
@@ -220,6 +250,10 @@ impl HarmonySplitter {
             ids,
             part: Part::Header { in_channel: false },
             channel: Vec::new(),
+            header: Vec::new(),
+            head_text: String::new(),
+            recipient: None,
+            called: None,
             decode: Box::new(decode),
         }
     }
@@ -229,34 +263,57 @@ impl HarmonySplitter {
         self.part == Part::Done
     }
 
+    /// The function of a call that `<|call|>` just ended (once).
+    pub fn take_call(&mut self) -> Option<String> {
+        self.called.take()
+    }
+
     /// The channel of `id`'s text, or `None` for a format token or a header.
     pub fn push(&mut self, id: u32) -> Option<Channel> {
         let h = self.ids;
         match (&self.part, id) {
             (Part::Done, _) => None,
-            (_, i) if i == h.ret || i == h.call => {
+            (part, i) if i == h.ret || i == h.call => {
+                if i == h.call && *part == Part::Body(Channel::Call) {
+                    self.called = self.recipient.take();
+                }
                 self.part = Part::Done;
                 None
             }
             (Part::Body(_), i) if i == h.end => {
                 self.part = Part::Header { in_channel: false };
+                self.header.clear();
+                self.head_text.clear();
+                self.recipient = None;
                 None
             }
             (Part::Body(c), _) => Some(*c),
             (Part::Header { .. }, i) if i == h.channel => {
                 self.channel.clear();
+                // The text before <|channel|> (role, maybe recipient) as one word group.
+                self.head_text = format!("{} ", (self.decode)(&self.header));
+                self.header.clear();
                 self.part = Part::Header { in_channel: true };
                 None
             }
             (Part::Header { .. }, i) if i == h.message => {
                 let name = (self.decode)(&self.channel);
+                // The recipient may stand after the role or after the channel.
+                let head = format!("{}{}", self.head_text, (self.decode)(&self.header));
+                self.recipient = head
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("to=functions."))
+                    .map(String::from);
                 // A channel name may carry a constraint (`commentary json`).
                 let c = match name.split_whitespace().next() {
+                    _ if self.recipient.is_some() => Channel::Call,
                     Some("analysis") => Channel::Analysis,
                     Some("final") => Channel::Final,
                     _ => Channel::Other,
                 };
                 self.channel.clear();
+                self.header.clear();
+                self.head_text.clear();
                 self.part = Part::Body(c);
                 None
             }
@@ -264,123 +321,10 @@ impl HarmonySplitter {
                 if *in_channel {
                     self.channel.push(i);
                 }
+                self.header.push(i);
                 None
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn flat(segs: &[Segment]) -> String {
-        segs.iter()
-            .map(|s| match s {
-                Segment::Control(t) | Segment::Text(t) => t.as_str(),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil_date(0), "1970-01-01");
-        assert_eq!(civil_date(951_782_400), "2000-02-29");
-        assert_eq!(civil_date(1_796_428_799), "2026-12-04");
-        assert_eq!(civil_date(1_796_428_800), "2026-12-05");
-    }
-
-    #[test]
-    fn renders_the_published_layout() {
-        let msgs = vec![
-            Message::new("system", "Answer briefly."),
-            Message::new("user", "Hi"),
-            Message {
-                reasoning_content: Some("dropped".into()),
-                ..Message::new("assistant", "Hello!")
-            },
-            Message::new("user", "2+2?"),
-        ];
-        let opts = HarmonyOptions {
-            date: "2026-12-04".into(),
-            reasoning: Reasoning::High,
-            ..Default::default()
-        };
-        let want = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2026-12-04\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>\
-<|start|>developer<|message|># Instructions\n\nAnswer briefly.\n\n<|end|>\
-<|start|>user<|message|>Hi<|end|>\
-<|start|>assistant<|channel|>final<|message|>Hello!<|end|>\
-<|start|>user<|message|>2+2?<|end|>\
-<|start|>assistant";
-        let segs = render(&msgs, &opts).unwrap();
-        assert_eq!(flat(&segs), want);
-        // Specials are control segments; user text never is.
-        assert!(segs
-            .iter()
-            .any(|s| matches!(s, Segment::Text(t) if t == "2+2?")));
-        assert!(segs
-            .iter()
-            .filter(|s| matches!(s, Segment::Control(_)))
-            .all(|s| matches!(s, Segment::Control(t) if t.starts_with("<|"))));
-        // No system message: no developer block.
-        let plain = flat(&render(&msgs[1..2], &opts).unwrap());
-        assert!(!plain.contains("developer"));
-        assert!(render(&[Message::new("tool", "x")], &opts).is_err());
-    }
-
-    #[test]
-    fn splits_channels_on_ids() {
-        // 1..=6 the specials, 10 "analysis", 11 "final", 12 "commentary", 20+ text.
-        let ids = HarmonyIds {
-            start: 1,
-            message: 2,
-            end: 3,
-            channel: 4,
-            ret: 5,
-            call: 6,
-        };
-        let names = |v: &[u32]| {
-            v.iter()
-                .map(|i| match i {
-                    10 => "analysis",
-                    11 => "final",
-                    12 => "commentary",
-                    _ => "?",
-                })
-                .collect::<Vec<_>>()
-                .join("")
-        };
-        let mut s = HarmonySplitter::new(ids, names);
-        let reply = [4, 10, 2, 20, 21, 3, 1, 30, 4, 11, 2, 22, 23, 5, 24];
-        let got: Vec<Option<Channel>> = reply.iter().map(|&i| s.push(i)).collect();
-        use Channel::*;
-        assert_eq!(
-            got,
-            [
-                None,
-                None,
-                None,
-                Some(Analysis),
-                Some(Analysis),
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                Some(Final),
-                Some(Final),
-                None,
-                None
-            ]
-        );
-        assert!(s.done());
-        // An unknown channel's body is neither reasoning nor the answer.
-        let mut s = HarmonySplitter::new(ids, names);
-        for i in [4, 12, 2] {
-            s.push(i);
-        }
-        assert_eq!(s.push(40), Some(Other));
     }
 }
 
@@ -400,3 +344,7 @@ pub fn civil_date(unix_secs: u64) -> String {
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02}")
 }
+
+#[cfg(test)]
+#[path = "harmony_tests.rs"]
+mod tests;

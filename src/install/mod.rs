@@ -163,17 +163,26 @@ pub fn adopt_source(cache: &DiskCache, inv: &Inventory, index: &ExpertIndex) -> 
     })
 }
 
+/// Decoder layers of the checkpoint in `root` (the expert index's, whatever the family).
+pub fn layer_count(root: &Path) -> Result<usize> {
+    let inv = Inventory::from_dir(root)?;
+    Ok(crate::models::ModelKind::detect(root)?
+        .expert_index(root, &inv)?
+        .spans
+        .len())
+}
+
 /// Experts of the chosen MoE layers not yet in a streaming install's cache: `(layer, ids, bytes)`.
 pub fn missing_experts(
     root: &Path,
     layers: Option<&[usize]>,
 ) -> Result<Vec<(usize, Vec<usize>, u64)>> {
-    let cfg = K3Config::from_file(&root.join("config.json"))?;
     let inv = Inventory::from_dir(root)?;
-    let index = ExpertIndex::derive_k3(&inv, &cfg)?;
+    let index = crate::models::ModelKind::detect(root)?.expert_index(root, &inv)?;
     let dir = experts_dir(root);
     let mut out = Vec::new();
-    for l in cfg.moe_layers() {
+    // The MoE layers: those with routed experts.
+    for l in (0..index.spans.len()).filter(|&l| !index.spans[l].is_empty()) {
         if layers.is_some_and(|ls| !ls.contains(&l)) {
             continue;
         }
@@ -209,9 +218,8 @@ pub fn fetch_experts(root: &Path, todo: &[(usize, Vec<usize>, u64)]) -> Result<(
             "this install is full: every expert is already local".into(),
         ));
     }
-    let cfg = K3Config::from_file(&root.join("config.json"))?;
     let inv = Arc::new(Inventory::from_dir(root)?);
-    let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
+    let index = Arc::new(crate::models::ModelKind::detect(root)?.expert_index(root, &inv)?);
     let opts = TieredOptions {
         ram_budget: 0,
         prefetch_previous: false,

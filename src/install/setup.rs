@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use super::download::{download_shard, write_hub_shards};
 use super::*;
 use crate::checkpoint::source::{is_sha256, read_hub_shards, sha256_hex, HubShard};
+use crate::models::ModelKind;
 
 fn fetch_to(hub: &HubRepo, root: &Path, file: &str, required: bool) -> Result<bool> {
     let got = hub.metadata(file).and_then(|m| {
@@ -108,7 +109,7 @@ fn existing_ancestor(p: &Path) -> PathBuf {
 
 type Planned = (
     Plan,
-    K3Config,
+    ModelKind,
     Vec<String>,
     BTreeMap<String, HubShard>,
     HubRepo,
@@ -128,16 +129,13 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
         opts.revision.as_deref().unwrap_or("main")
     ));
     let hub = HubRepo::new(&opts.repo, Some(commit), None)?;
-    for (f, required) in [
-        ("config.json", true),
-        ("tiktoken.model", true),
-        ("tokenizer_config.json", true),
-        ("generation_config.json", false),
-        ("model.safetensors.index.json", true),
-    ] {
+    fetch_to(&hub, root, "config.json", true)
+        .map_err(|e| Error::Msg(format!("setup: config.json: {e}")))?;
+    // The family (config.json's model_type) names the other files it needs.
+    let kind = ModelKind::detect(root)?;
+    for &(f, required) in kind.metadata_files() {
         fetch_to(&hub, root, f, required).map_err(|e| Error::Msg(format!("setup: {f}: {e}")))?;
     }
-    let cfg = K3Config::from_file(&root.join("config.json"))?;
     let shards = discover_shards(root)?;
     let hdir = remote_headers_dir(root);
     std::fs::create_dir_all(&hdir).map_err(|e| Error::io(&hdir, e))?;
@@ -167,12 +165,17 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
             .as_bytes(),
     )?;
     let inv = Inventory::from_dir(root)?;
-    let index = ExpertIndex::derive_k3(&inv, &cfg)?;
+    let index = kind.expert_index(root, &inv)?;
     let shard_bytes: u64 = sizes.values().filter_map(|v| v.as_u64()).sum();
     let expert_bytes: u64 = index.spans.iter().flatten().map(|s| s.len()).sum();
     let spine_bytes = shard_bytes - expert_bytes;
     let margin = |b: u64| b / 50 + (64 << 20);
-    let full_bytes = shard_bytes + spine_bytes + margin(shard_bytes + spine_bytes);
+    // K3 converts a spine store beside the shards; gpt-oss maps its shards as they are.
+    let store_copy = match kind {
+        ModelKind::K3 => spine_bytes,
+        ModelKind::GptOss => 0,
+    };
+    let full_bytes = shard_bytes + store_copy + margin(shard_bytes + store_copy);
     let stream_bytes = spine_bytes + margin(spine_bytes);
     let free = free_bytes(&disk);
     let mode = opts.mode.unwrap_or(if free >= full_bytes {
@@ -196,14 +199,14 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
         free_bytes: free,
         expert_bytes,
     };
-    Ok((plan, cfg, shards, metas, hub))
+    Ok((plan, kind, shards, metas, hub))
 }
 
 /// A full install: every shard downloaded (resumed, verified, recorded one by one), then the
 /// spine store converted from them.
 fn install_full(
     root: &Path,
-    cfg: &K3Config,
+    kind: ModelKind,
     shards: &[String],
     metas: &BTreeMap<String, HubShard>,
     hub: &HubRepo,
@@ -228,15 +231,19 @@ fn install_full(
         write_hub_shards(root, &record)?;
     }
     bar.finish_and_clear();
-    let inv = Inventory::from_dir(root)?;
-    convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
+    if kind == ModelKind::K3 {
+        let cfg = K3Config::from_file(&root.join("config.json"))?;
+        let inv = Inventory::from_dir(root)?;
+        convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
+    }
     Ok(())
 }
 
-/// A streaming install: no shard is local; the spine store is converted from range reads.
+/// A streaming install: no shard is local; the dense tensors are copied from range reads (K3:
+/// into the spine store; gpt-oss: into one dense file the model maps).
 fn install_stream(
     root: &Path,
-    cfg: &K3Config,
+    kind: ModelKind,
     metas: &BTreeMap<String, HubShard>,
     hub: &HubRepo,
 ) -> Result<()> {
@@ -244,19 +251,32 @@ fn install_stream(
     write_hub_shards(root, metas)?;
     let inv = Inventory::from_dir(root)?;
     let remote = RemoteTensors { hub, inv: &inv };
-    let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
-    convert_spine_from(
-        &remote,
-        &inv,
-        cfg.num_layers(),
-        root,
-        SpineFormat::Bf16,
-        |d, _| bar.set_position(d as u64),
-    )?;
-    bar.finish_and_clear();
+    match kind {
+        ModelKind::K3 => {
+            let cfg = K3Config::from_file(&root.join("config.json"))?;
+            let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
+            convert_spine_from(
+                &remote,
+                &inv,
+                cfg.num_layers(),
+                root,
+                SpineFormat::Bf16,
+                |d, _| bar.set_position(d as u64),
+            )?;
+            bar.finish_and_clear();
+        }
+        ModelKind::GptOss => {
+            let total = crate::models::gpt_oss::dense::dense_bytes(&inv);
+            let bar = crate::progress::bytes_bar(total, "dense tensors");
+            crate::models::gpt_oss::dense::write_dense(root, &inv, &remote, |d, _| {
+                bar.set_position(d)
+            })?;
+            bar.finish_and_clear();
+        }
+    }
     // Experts cached from shards this upload changed are dropped now, not at first use.
     let cache = DiskCache::new(&experts_dir(root), CacheAdvice::Auto)?;
-    adopt_source(&cache, &inv, &ExpertIndex::derive_k3(&inv, cfg)?)?;
+    adopt_source(&cache, &inv, &kind.expert_index(root, &inv)?)?;
     Ok(())
 }
 
@@ -265,7 +285,7 @@ fn install_stream(
 fn install(
     opts: &SetupOptions,
     plan: Plan,
-    cfg: K3Config,
+    kind: ModelKind,
     shards: Vec<String>,
     metas: BTreeMap<String, HubShard>,
     hub: HubRepo,
@@ -292,8 +312,8 @@ fn install(
         )));
     }
     match mode {
-        Mode::Full => install_full(root, &cfg, &shards, &metas, &hub)?,
-        Mode::Stream => install_stream(root, &cfg, &metas, &hub)?,
+        Mode::Full => install_full(root, kind, &shards, &metas, &hub)?,
+        Mode::Stream => install_stream(root, kind, &metas, &hub)?,
     }
     let m = Manifest {
         mode,

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::engine::LoadOptions;
 use crate::memory::MemoryPlan;
 use crate::runtime::model::Model;
@@ -33,6 +34,36 @@ impl ModelKind {
             Some("gpt_oss") => ModelKind::GptOss,
             _ => ModelKind::K3,
         })
+    }
+
+    /// The files `setup` fetches besides the shards and config.json: `(name, required)`.
+    pub fn metadata_files(self) -> &'static [(&'static str, bool)] {
+        match self {
+            ModelKind::K3 => &[
+                ("tiktoken.model", true),
+                ("tokenizer_config.json", true),
+                ("generation_config.json", false),
+                ("model.safetensors.index.json", true),
+            ],
+            ModelKind::GptOss => &[
+                ("tokenizer.json", true),
+                ("tokenizer_config.json", false),
+                ("generation_config.json", false),
+                ("chat_template.jinja", false),
+                ("model.safetensors.index.json", true),
+            ],
+        }
+    }
+
+    /// Every routed expert's span in the checkpoint `inv` of `root` (config.json read here).
+    pub fn expert_index(self, root: &Path, inv: &Inventory) -> Result<ExpertIndex> {
+        let cfg = root.join("config.json");
+        match self {
+            ModelKind::K3 => ExpertIndex::derive_k3(inv, &crate::K3Config::from_file(&cfg)?),
+            ModelKind::GptOss => {
+                gpt_oss::names::expert_index(inv, &gpt_oss::GptOssConfig::from_file(&cfg)?)
+            }
+        }
     }
 }
 

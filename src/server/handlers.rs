@@ -19,7 +19,7 @@ use super::validate::{self, ApiError, JsonFormat, Sampling};
 use super::{error, tools, AppState};
 use crate::chat::{
     encode_marked, token_table, ChatFormat, ChatOptions, Delta, Effort, JsonMask, JsonReply,
-    ToolForcer,
+    ToolChoice, ToolForcer,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -147,14 +147,20 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         None
     };
     let format = st.engine.chat_format();
-    if format != ChatFormat::Xtml && (req.tools.tools.is_some() || req.json.is_some()) {
+    // Harmony (gpt-oss) renders tools and parses calls; forcing a call and the JSON masks
+    // are XTML's so far.
+    let forced = matches!(
+        req.tools.choice,
+        ToolChoice::Required | ToolChoice::Function(_)
+    );
+    if format != ChatFormat::Xtml && (req.json.is_some() || (req.tools.tools.is_some() && forced)) {
         return error(ApiError::bad(
             if req.json.is_some() {
                 "response_format"
             } else {
-                "tools"
+                "tool_choice"
             },
-            "this model's chat format (harmony) does not support tools or response_format yet"
+            "this model's chat format (harmony) supports tool_choice auto and none, and no response_format yet"
                 .to_string(),
         ));
     }
@@ -194,6 +200,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         forcer: t
             .tools
             .as_ref()
+            .filter(|_| format == ChatFormat::Xtml)
             .and_then(|_| ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel)),
         json: req.json.as_ref().and_then(|f| {
             let tok = st.engine.tokenizer();

@@ -35,6 +35,7 @@
 mod as_model;
 pub mod attention;
 pub mod config;
+pub mod dense;
 pub mod fixture;
 pub mod model;
 pub mod names;

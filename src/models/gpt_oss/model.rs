@@ -75,8 +75,16 @@ impl GptOssModel {
         let index = names::expert_index(&inv, &cfg)?;
         let inv = Arc::new(inv);
         let opts = super::plan::store_options(&plan, o);
-        let store = TieredExperts::new(Arc::new(index), Some(inv.clone()), None, &opts)?;
-        let mut m = Self::with_experts(cfg, &inv, Arc::new(store))?;
+        // Local shards (a full install), or the disk cache and the hub (a streaming one).
+        let store = crate::engine::expert_store(root, inv.clone(), Arc::new(index), &opts, None)?;
+        let streaming = crate::install::read_manifest(root)
+            .is_some_and(|m| m.mode == crate::install::Mode::Stream);
+        let dense = match streaming {
+            // The shards are on the hub: the dense tensors come from the install's copy.
+            true => Arc::new(Inventory::from_dir(&super::dense::dense_dir(root))?),
+            false => inv,
+        };
+        let mut m = Self::with_experts(cfg, &dense, Arc::new(store))?;
         m.context_limit = plan.context;
         m.pass = plan.prefill_pass.max(1);
         m.plan = Some(plan);

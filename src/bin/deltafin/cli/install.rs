@@ -75,7 +75,7 @@ pub struct FetchArgs {
 
 /// Runs `fetch-experts`.
 pub fn run_fetch(a: &FetchArgs) -> anyhow::Result<()> {
-    let n = deltafin::K3Config::from_file(&a.model_root.join("config.json"))?.num_layers();
+    let n = deltafin::install::layer_count(&a.model_root)?;
     let layers = a
         .layers
         .as_deref()
