@@ -10,4 +10,7 @@ pub mod engine;
 pub mod generate;
 pub mod memory;
 pub mod model;
+pub mod observe;
 pub mod prompt_cache;
+pub mod row_cache;
+pub mod state;

@@ -2,22 +2,67 @@
 //! batch scheduler, the prompt cache and the server hold a `dyn Model` and call only this; a
 //! model family (`models::k3`, `models::gpt_oss`, or a Candle user's own) implements it over
 //! the shared stores. Owns the contract, no model and no math. The call and state types it
-//! names (`Forward`, `Output`, `BatchItem`, `Rollback`, `SeqState`, `Observer`) are re-exported
-//! here; the state's layer variants and the rollback record still live under `models::k3`.
+//! names are here (`Forward`, `Logits`, `Output`, `BatchItem`) or in the runtime (`SeqState`,
+//! `Observer`, `RowCache`); K3's layer states (KDA, MLA) and its verify record (`Rollback`,
+//! which also keeps a prefix of row caches) still live under `models::k3`.
 
 use std::any::Any;
 use std::sync::Arc;
 
 use candle::Tensor;
 
-pub use crate::models::k3::{
-    BatchItem, Event, Forward, Logits, Observer, Output, Rollback, SeqState,
-};
+pub use crate::models::k3::Rollback;
+pub use crate::runtime::observe::{Event, Observer};
+pub use crate::runtime::state::SeqState;
 
 use crate::chat::ChatFormat;
 use crate::experts::ExpertStats;
 use crate::memory::MemoryPlan;
 use crate::Result;
+
+/// Which logits a forward call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Logits {
+    /// The last position's `[V]`.
+    #[default]
+    Last,
+    /// Every position's `[T, V]`.
+    All,
+}
+
+/// How one `Model::run` call runs besides its math.
+#[derive(Default, Clone, Copy)]
+pub struct Forward<'a> {
+    /// Watches this call only (with the model's own observers).
+    pub observer: Option<&'a dyn Observer>,
+    /// Checked between layers; when set, the call returns `None` and rewinds the state.
+    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
+    /// Which logits to return (`undo` always returns every position's).
+    pub logits: Logits,
+    /// Keep the record that rewinds the call to any prefix (a verify pass: one pass, no
+    /// cancel).
+    pub undo: bool,
+}
+
+/// What `Model::run` returns.
+pub struct Output {
+    /// `[V]` (`Logits::Last`) or `[T, V]`.
+    pub logits: Tensor,
+    /// With `Forward::undo`: the record `Rollback::keep` uses.
+    pub rollback: Option<Rollback>,
+}
+
+/// One sequence's part of a batched pass.
+pub struct BatchItem<'a> {
+    /// The positions to consume (at most `ModelOptions::pass_len`).
+    pub ids: &'a [u32],
+    /// The sequence's state.
+    pub state: &'a mut SeqState,
+    /// Which logits to return (`undo` always returns every position's).
+    pub logits: Logits,
+    /// Keep the record that rewinds these rows to any prefix (a verify pass).
+    pub undo: bool,
+}
 
 /// A causal language model the runtime can drive.
 pub trait Model: Send + Sync {

@@ -12,11 +12,11 @@ use super::GptOssModel;
 use crate::chat::ChatFormat;
 use crate::experts::ExpertStats;
 use crate::memory::MemoryPlan;
-use crate::models::k3::observe::Both;
-use crate::models::k3::state::LayerState;
 use crate::runtime::model::{
     BatchItem, Event, Forward, Logits, Model, Observer, Output, Rollback, SeqState,
 };
+use crate::runtime::observe::Both;
+use crate::runtime::state::LayerState;
 use crate::{Error, Result};
 
 impl GptOssModel {

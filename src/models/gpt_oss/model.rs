@@ -17,10 +17,10 @@ use crate::checkpoint::Inventory;
 use crate::experts::{ExpertProvider, TieredExperts, TieredOptions};
 use crate::kernels::dense::{gemm, DenseData, DenseMatrix};
 use crate::memory::MemoryPlan;
-use crate::models::k3::mla_cache::LatentCache;
-use crate::models::k3::observe::{Event, Observer, Observers};
-use crate::models::k3::state::{KvState, LayerState, SeqState};
 use crate::moe::{ExecOptions, Gating, Route, RoutedExperts};
+use crate::runtime::observe::{Event, Observer, Observers};
+use crate::runtime::row_cache::RowCache;
+use crate::runtime::state::{KvState, LayerState, SeqState};
 use crate::{Error, Result};
 
 use super::attention::attend;
@@ -178,7 +178,7 @@ impl GptOssModel {
                 .iter()
                 .map(|l| {
                     LayerState::Kv(KvState {
-                        cache: LatentCache::new(l.shape.row_width(), self.context_limit),
+                        cache: RowCache::new(l.shape.row_width(), self.context_limit),
                     })
                 })
                 .collect(),
@@ -335,7 +335,7 @@ impl GptOssModel {
         &self,
         layer: &Layer,
         x: &mut [f32],
-        cache: &mut LatentCache,
+        cache: &mut RowCache,
         first: usize,
     ) -> Result<()> {
         let (h, s) = (self.cfg.hidden_size, layer.shape);

@@ -10,21 +10,10 @@ use candle::Tensor;
 use super::forward::{Logits, Output};
 use super::model::{K3Model, PassSeq};
 use super::observe::{Both, Observer};
-use super::state::SeqState;
 use super::verify::Rollback;
 use crate::{Error, Result};
 
-/// One sequence's part of a batched pass.
-pub struct BatchItem<'a> {
-    /// The positions to consume (at most `ModelOptions::pass_len`).
-    pub ids: &'a [u32],
-    /// The sequence's state.
-    pub state: &'a mut SeqState,
-    /// Which logits to return (`undo` always returns every position's).
-    pub logits: Logits,
-    /// Keep the record that rewinds these rows to any prefix (a verify pass).
-    pub undo: bool,
-}
+pub use crate::runtime::model::BatchItem;
 
 impl K3Model {
     /// One pass over the rows of every item: returns each item's logits (`[V]` for

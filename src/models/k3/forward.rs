@@ -9,37 +9,7 @@ use super::observe::{Observer, RouteCollector, RouteTrace};
 use super::state::SeqState;
 use crate::Result;
 
-/// Which logits a forward call returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Logits {
-    /// The last position's `[V]`.
-    #[default]
-    Last,
-    /// Every position's `[T, V]`.
-    All,
-}
-
-/// How one `K3Model::run` call runs besides its math.
-#[derive(Default, Clone, Copy)]
-pub struct Forward<'a> {
-    /// Watches this call only (with the model's own observers).
-    pub observer: Option<&'a dyn Observer>,
-    /// Checked between layers; when set, the call returns `None` and rewinds the state.
-    pub cancel: Option<&'a std::sync::atomic::AtomicBool>,
-    /// Which logits to return (`undo` always returns every position's).
-    pub logits: Logits,
-    /// Keep the record that rewinds the call to any prefix (a verify pass: one pass, no
-    /// cancel).
-    pub undo: bool,
-}
-
-/// What `K3Model::run` returns.
-pub struct Output {
-    /// `[V]` (`Logits::Last`) or `[T, V]`.
-    pub logits: Tensor,
-    /// With `Forward::undo`: the record `Rollback::keep` uses.
-    pub rollback: Option<super::Rollback>,
-}
+pub use crate::runtime::model::{Forward, Logits, Output};
 
 impl K3Model {
     /// `run` for the last position's logits `[V]` (a convenience).

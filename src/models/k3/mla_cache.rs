@@ -1,15 +1,11 @@
-//! MLA's per-sequence latent cache and the absorbed attention over it. The cache is one row per
-//! position, `[c_n (kv_lora) | k_pe (rope)]`, grown in place (capacity doubles, never past the
-//! context limit) and shared copy-on-write, so a snapshot is a clone of an `Arc` and appending
-//! copies only after a snapshot. Attention reads the rows in place for every head at once
+//! MLA's per-sequence latent cache and the absorbed attention over it. The cache is the
+//! runtime's `RowCache`, one row per position, `[c_n (kv_lora) | k_pe (rope)]`. Attention reads the rows in place for every head at once
 //! (flash-decoding: positions split on a fixed grid across threads, a running max and sum per
 //! query row, partial results folded in position order, so every row's bits are independent of
 //! the other rows and of the context length), so memory per step is O(threads × heads ×
 //! latent), never heads × context, and no copy of the cache is made per token.
 //!
-//! Owns the cache layout and the attention arithmetic; must not touch weights or the spine.
-
-use std::sync::Arc;
+//! Owns the latent row layout and the attention arithmetic; must not touch weights or the spine.
 
 use rayon::prelude::*;
 
@@ -21,75 +17,9 @@ const BLOCK: usize = 128;
 /// the context length or the thread count.
 const SPAN: usize = 8 * BLOCK;
 
-/// The latent cache of one MLA layer.
-#[derive(Debug, Clone)]
-pub struct LatentCache {
-    rows: Arc<Vec<f32>>,
-    width: usize,
-    limit: usize,
-}
-
-impl LatentCache {
-    /// An empty cache of `width`-float rows holding at most `limit` positions.
-    pub fn new(width: usize, limit: usize) -> Self {
-        LatentCache {
-            rows: Arc::new(Vec::new()),
-            width,
-            limit: limit.max(1),
-        }
-    }
-
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.rows.len() / self.width.max(1)
-    }
-
-    /// Whether no position is held.
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-
-    /// Floats per row.
-    pub fn width(&self) -> usize {
-        self.width
-    }
-
-    /// All rows, `[len, width]` row-major.
-    pub fn rows(&self) -> &[f32] {
-        &self.rows
-    }
-
-    /// Appends `rows` (`[n, width]`); copies the cache only when a snapshot shares it.
-    pub fn append(&mut self, rows: &[f32]) {
-        let v = Arc::make_mut(&mut self.rows);
-        let need = v.len() + rows.len();
-        if need > v.capacity() {
-            // Double, but never reserve past the context limit (the memory plan's charge).
-            let target = (2 * v.capacity())
-                .max(need)
-                .min(self.limit.saturating_mul(self.width).max(need));
-            v.reserve_exact(target - v.len());
-        }
-        v.extend_from_slice(rows);
-    }
-
-    /// Keeps the first `len` positions (a verify pass's rollback); the capacity stays.
-    pub fn truncate(&mut self, len: usize) {
-        if len < self.len() {
-            Arc::make_mut(&mut self.rows).truncate(len * self.width);
-        }
-    }
-
-    /// Identifies the shared buffer (equal for snapshots that share it).
-    pub fn buffer_id(&self) -> usize {
-        Arc::as_ptr(&self.rows) as usize
-    }
-
-    /// Bytes reserved.
-    pub fn capacity_bytes(&self) -> usize {
-        self.rows.capacity() * 4
-    }
-}
+/// The latent cache of one MLA layer: the runtime's row cache, one `[c_n | k_pe]` row per
+/// position.
+pub use crate::runtime::row_cache::RowCache as LatentCache;
 
 /// Running softmax state of one query row over some positions.
 #[derive(Clone)]
@@ -243,7 +173,7 @@ pub fn attend(
     scale: f32,
     visible: &(dyn Fn(usize) -> usize + Sync),
 ) -> Vec<f32> {
-    let width = cache.width;
+    let width = cache.width();
     let n_rows = q.len() / width.max(1);
     let shape = Shape {
         n_rows,

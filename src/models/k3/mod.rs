@@ -14,16 +14,17 @@ pub mod mla_cache;
 pub mod model;
 pub mod moe;
 pub mod names;
-pub mod observe;
 pub mod ops;
 pub mod options;
 pub mod profile;
 pub mod reuse;
-pub mod state;
 pub mod trace;
 pub mod train;
 pub mod verify;
 pub mod weights;
+
+/// The runtime's observer hook and sequence state, under their earlier paths.
+pub use crate::runtime::{observe, state};
 
 pub use batch::BatchItem;
 pub use forward::{Forward, Logits, Output};

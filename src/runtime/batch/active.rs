@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::{BatchOptions, Request, SeqEvent};
 use crate::generate::{Drafter, Generation, Io, NgramDrafter, Pass, SeqDecoder, StopReason};
-use crate::models::k3::{BatchItem, Logits, SeqState};
+use crate::runtime::model::{BatchItem, Logits, SeqState};
 use crate::runtime::prompt_cache::cut_points;
 use crate::{Engine, Result};
 

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 
 use super::Engine;
 use crate::generate::{GenerateOptions, Generation, Generator, StopReason};
-use crate::models::k3::{Forward, SeqState};
+use crate::runtime::model::{Forward, SeqState};
 use crate::runtime::prompt_cache::{cut_points, PromptCache, PromptCacheOptions};
 use crate::{Error, Result};
 

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{DepthController, Drafter, GenerateOptions, Generation, SpecStats, StopReason};
-use crate::models::k3::Rollback;
+use crate::runtime::model::Rollback;
 
 /// The logits rows of one decode pass, the drafts fed after its first row, and its rollback.
 pub struct Pass {
@@ -31,7 +31,7 @@ impl Pass {
 
     /// A decode pass's output (`[V]`, or `[T, V]` with a rollback) that took `secs`.
     pub fn from_output(
-        out: crate::models::k3::Output,
+        out: crate::runtime::model::Output,
         drafts: Vec<u32>,
         secs: f64,
     ) -> crate::Result<Self> {

@@ -15,8 +15,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use crate::fsio::{atomic::write_atomic_with, checksum};
-use crate::models::k3::state::{ArrayInfo, ArrayKind};
-use crate::models::k3::SeqState;
+use crate::runtime::state::{ArrayInfo, ArrayKind, SeqState};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DFSTATE\0";

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use crate::models::k3::SeqState;
+use crate::runtime::state::SeqState;
 use crate::{Error, Result};
 
 /// How big the cache may grow and where it keeps its files.

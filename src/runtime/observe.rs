@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use candle::Tensor;
 
-use super::moe::Route;
+use crate::moe::Route;
 
 /// A point in a forward pass (each layer: `LayerReady`, `AttentionIn`, `Attention`, `FfnIn`,
 /// `Routes` on MoE layers, `Ffn`, `LayerDone`).

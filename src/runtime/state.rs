@@ -1,11 +1,13 @@
-//! `SeqState`: every per-sequence state of the model. Buffers are shared copy-on-write, so a
-//! snapshot is a cheap clone and restoring it continues bit-identically. A `Mark` is the
+//! `SeqState`: every per-sequence state of a model on the runtime. Buffers are shared
+//! copy-on-write, so a snapshot is a cheap clone and restoring it continues bit-identically.
+//! A layer holds K3's KDA or MLA state (their types are K3's) or a key/value row cache (any
+//! other model's attention, e.g. gpt-oss). A `Mark` is the
 //! lighter record a cancellable prefill keeps: MLA caches only grow, so their lengths suffice,
 //! and only the KDA states are shared (at most one copy of them while the pass runs).
 
-use super::kda::KdaState;
-use super::mla::MlaState;
-use super::mla_cache::LatentCache;
+use super::row_cache::RowCache as LatentCache;
+use crate::models::k3::kda::KdaState;
+use crate::models::k3::mla::MlaState;
 
 /// State of one layer's attention.
 #[derive(Debug, Clone)]
