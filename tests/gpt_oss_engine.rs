@@ -402,3 +402,35 @@ fn a_tool_call_round_trip_in_harmony() {
         "{p2}"
     );
 }
+
+/// A prefill reports each layer of each pass (what the progress bar reads); a single step
+/// reports none.
+#[test]
+fn a_prefill_reports_each_layer() {
+    use deltafin::runtime::observe::{Event, Observer};
+    use std::sync::{Arc, Mutex};
+    #[derive(Default)]
+    struct Steps(Mutex<Vec<f64>>);
+    impl Observer for Steps {
+        fn on(&self, _layer: usize, e: &Event<'_>) {
+            if let Event::Prefill(p) = e {
+                self.0.lock().unwrap().push(p.fraction());
+            }
+        }
+    }
+    let d = tiny(10);
+    let mut e = engine(d.path());
+    let steps = Arc::new(Steps::default());
+    e.model_mut().observe(steps.clone());
+    let m = e.model();
+    let mut s = m.new_state();
+    m.forward(&prompt()[..20], &mut s).unwrap();
+    let got = steps.0.lock().unwrap().clone();
+    assert_eq!(got, vec![0.25, 0.5, 0.75, 1.0], "4 layers, one pass");
+    m.forward(&[3], &mut s).unwrap();
+    assert_eq!(
+        steps.0.lock().unwrap().len(),
+        4,
+        "a decode step is no prefill"
+    );
+}

@@ -15,17 +15,24 @@ use crate::memory::MemoryPlan;
 use crate::runtime::model::{
     BatchItem, Event, Forward, Logits, Model, Observer, Output, Rollback, SeqState,
 };
-use crate::runtime::observe::Both;
+use crate::runtime::observe::{Both, PrefillStep};
 use crate::runtime::state::LayerState;
 use crate::{Error, Result};
 
 impl GptOssModel {
-    /// One `run` pass: hidden rows of `ids`, or `None` when cancelled (state rewound).
-    fn pass(&self, ids: &[u32], state: &mut SeqState, f: &Forward<'_>) -> Result<Option<Vec<f32>>> {
+    /// One `run` pass: hidden rows of `ids`, or `None` when cancelled (state rewound); with
+    /// `step`, each layer is reported as a step of a prefill.
+    fn pass(
+        &self,
+        ids: &[u32],
+        state: &mut SeqState,
+        f: &Forward<'_>,
+        step: Option<PrefillStep>,
+    ) -> Result<Option<Vec<f32>>> {
         let mark = f.cancel.map(|_| state.mark());
         let out = match f.observer {
-            Some(o) => self.hidden(ids, state, &Both(self.observers(), o), f.cancel)?,
-            None => self.hidden(ids, state, self.observers(), f.cancel)?,
+            Some(o) => self.hidden(ids, state, &Both(self.observers(), o), f.cancel, step)?,
+            None => self.hidden(ids, state, self.observers(), f.cancel, step)?,
         };
         if out.is_none() {
             if let Some(m) = mark {
@@ -54,7 +61,7 @@ impl Model for GptOssModel {
         let h = self.config().hidden_size;
         if f.undo {
             let (pos, lens) = (state.pos, row_lens(state));
-            let Some(x) = self.pass(ids, state, &Forward { cancel: None, ..*f })? else {
+            let Some(x) = self.pass(ids, state, &Forward { cancel: None, ..*f }, None)? else {
                 return Err(Error::Msg("verify was cancelled".into()));
             };
             let logits = self.tensor(self.logits(&x, ids.len())?, Some(ids.len()))?;
@@ -65,8 +72,22 @@ impl Model for GptOssModel {
         }
         let mark = f.cancel.map(|_| state.mark());
         let (mut last, mut all) = (Vec::new(), Vec::new());
-        for piece in ids.chunks(self.pass_len()) {
-            let Some(x) = self.pass(piece, state, f)? else {
+        let len = self.pass_len();
+        let (passes, read_before) = (ids.len().div_ceil(len), self.bytes_read());
+        for (p, piece) in ids.chunks(len).enumerate() {
+            // A prefill reports each layer of each pass (progress bars, ETA).
+            let step = (ids.len() > 1).then_some(PrefillStep {
+                layer: 0,
+                layers: self.config().num_hidden_layers,
+                pass: p,
+                passes,
+                pass_first: p * len,
+                pass_tokens: piece.len(),
+                positions: ids.len(),
+                read_before,
+                read_now: read_before,
+            });
+            let Some(x) = self.pass(piece, state, f, step)? else {
                 if let Some(m) = mark {
                     state.rewind(m);
                 }

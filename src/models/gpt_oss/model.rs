@@ -18,7 +18,7 @@ use crate::experts::{ExpertProvider, TieredExperts, TieredOptions};
 use crate::kernels::dense::{gemm, DenseData, DenseMatrix};
 use crate::memory::MemoryPlan;
 use crate::moe::{ExecOptions, Gating, Route, RoutedExperts};
-use crate::runtime::observe::{Event, Observer, Observers};
+use crate::runtime::observe::{Event, Observer, Observers, PrefillStep};
 use crate::runtime::row_cache::RowCache;
 use crate::runtime::state::{KvState, LayerState, SeqState};
 use crate::{Error, Result};
@@ -203,6 +203,11 @@ impl GptOssModel {
         self.logits(&x, ids.len())
     }
 
+    /// Expert bytes read from storage so far (the dense weights are mapped and resident).
+    pub fn bytes_read(&self) -> u64 {
+        self.experts.stats().map_or(0, |s| s.bytes_read())
+    }
+
     /// Positions per prefill pass.
     pub fn pass_len(&self) -> usize {
         self.pass
@@ -215,7 +220,7 @@ impl GptOssModel {
 
     /// `hidden` with the model's observers and no cancel flag.
     fn pass_rows(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
-        self.hidden(ids, state, &self.observers, None)?
+        self.hidden(ids, state, &self.observers, None, None)?
             .ok_or_else(|| Error::Msg("a pass without a cancel flag stopped".into()))
     }
 
@@ -231,13 +236,14 @@ impl GptOssModel {
 
     /// The final hidden rows `[T, hidden]` after the last layer (before the final norm), or
     /// `None` when `cancel` was set between layers (the state then holds part of the pass:
-    /// the caller rewinds it).
+    /// the caller rewinds it). With `prefill`, each layer is reported as a step of it.
     pub(super) fn hidden(
         &self,
         ids: &[u32],
         state: &mut SeqState,
         obs: &dyn Observer,
         cancel: Option<&std::sync::atomic::AtomicBool>,
+        prefill: Option<PrefillStep>,
     ) -> Result<Option<Vec<f32>>> {
         self.check_input(ids, state)?;
         if state.layers.len() != self.layers.len() {
@@ -264,6 +270,17 @@ impl GptOssModel {
             };
             self.attention(layer, &mut x, &mut kv.cache, state.pos)?;
             self.mlp(l, layer, &mut x, obs)?;
+            if let Some(step) = prefill {
+                let read_now = self.bytes_read();
+                obs.on(
+                    l,
+                    &Event::Prefill(PrefillStep {
+                        layer: l,
+                        read_now,
+                        ..step
+                    }),
+                );
+            }
         }
         state.pos += ids.len();
         obs.on(self.layers.len(), &Event::PassEnd);

@@ -1,69 +1,56 @@
-//! `deltafin run` on a gpt-oss checkpoint: greedy generation under the memory plan from token
-//! ids, raw text, or (`--chat`) one user turn in harmony's format whose reply is split into
-//! reasoning (analysis channel) and content (final channel) on token ids; the same JSON report
-//! (`generated_ids`, `prefill`, `memory`) as K3's run, plus `text`.
+//! `deltafin run` on a model other than K3 (gpt-oss), through the engine and a session like
+//! every front end: greedy generation under the memory plan from token ids, raw text, or
+//! (`--chat`) one user turn in the model's chat format whose reply is split into reasoning and
+//! content on token ids; the same JSON report (`generated_ids`, `prefill`, `memory`) as K3's
+//! run, plus `text`. A prefill shows its progress; Ctrl-C stops between tokens.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-use anyhow::bail;
-
-use deltafin::chat::harmony::{render, Channel, HarmonyOptions, HarmonySplitter, Reasoning};
-use deltafin::chat::Message;
-use deltafin::generate::argmax;
-use deltafin::models::gpt_oss::tokenizer::GptOssTokenizer;
-use deltafin::models::gpt_oss::{GptOssModel, GptOssOptions};
+use deltafin::chat::{encode_marked, ChatOptions, Effort, Message};
+use deltafin::generate::{argmax, GenerateOptions};
+use deltafin::progress::{PrefillProgress, ProgressMode};
 
 use super::run::RunArgs;
 
-/// Runs `deltafin run` on the gpt-oss checkpoint in `root`.
+/// Runs `deltafin run` on the checkpoint in `root` (any family but K3's own run path).
 pub fn run(a: &RunArgs, root: &Path) -> anyhow::Result<()> {
-    // Text prompts need the checkpoint's tokenizer.json; --chat renders harmony.
-    let tok = match &a.prompt {
-        Some(_) => Some(GptOssTokenizer::from_dir(root)?),
-        None => None,
-    };
-    let prompt_ids = match (&a.prompt, &tok) {
-        (Some(p), Some(t)) if a.chat => {
-            let opts = HarmonyOptions {
-                date: today(),
-                reasoning: match a.effort.as_deref() {
-                    Some("low") => Reasoning::Low,
-                    Some("high") | Some("max") => Reasoning::High,
-                    None | Some("medium") => Reasoning::Medium,
-                    Some(other) => bail!("--effort {other}: gpt-oss takes low, medium or high"),
-                },
-                ..Default::default()
-            };
-            t.encode_segments(&render(&[Message::new("user", p)], &opts)?)?
-        }
-        (Some(p), Some(t)) => t.encode(p)?,
-        _ => a.prompt_ids.clone(),
-    };
-    let gb = |g: f64| (g * 1e9) as u64;
-    let mut o = GptOssOptions {
-        memory_limit: a.store.memory_gb.map(gb),
-        expert_ram: a.store.ram_gb.map(gb),
-        context: a.store.context,
+    let mut engine = super::store::load_engine(root, &a.store, 0)?;
+    if !a.json {
+        engine
+            .model_mut()
+            .observe(Arc::new(PrefillProgress::new(ProgressMode::Terminal)));
+    }
+    let chat = ChatOptions {
+        effort: match a.effort.as_deref() {
+            None | Some("medium") => None,
+            Some(e) => Some(Effort::parse(e)?),
+        },
+        date: Some(today()),
         ..Default::default()
     };
-    o.store.readers = a.store.readers;
-    o.store.prefetch_previous = !a.store.no_prefetch;
-    let quiet = a.json;
-    let model = GptOssModel::open_planned(root, &o, |p| {
-        if !quiet {
-            eprintln!("{p}");
+    let tok = engine.tokenizer();
+    let prompt_ids = match &a.prompt {
+        Some(p) if a.chat => {
+            let (segs, marks) = engine
+                .chat_format()
+                .render(&[Message::new("user", p)], &chat)?;
+            encode_marked(tok, &segs, &marks).0
         }
-    })?;
-    let mut eos = model.config().eos_ids()?;
-    if let Some(t) = &tok {
-        let h = t.harmony_ids();
-        eos.extend([h.ret, h.call]);
-    }
-    let max_new = a.max_new.unwrap_or(if a.chat { 8192 } else { 64 });
-    // Ctrl-C stops between tokens (a prefill runs to its end: a second Ctrl-C exits at once).
+        Some(p) => tok.encode_ordinary(p),
+        None => a.prompt_ids.clone(),
+    };
+    let opts = GenerateOptions {
+        max_new: a.max_new.unwrap_or(if a.chat { 8192 } else { 64 }),
+        stop_ids: if a.ignore_eos {
+            Vec::new()
+        } else {
+            engine.stop_ids()
+        },
+        speculation: a.spec.speculation(),
+    };
+    // Ctrl-C stops between tokens (and a prefill between layers); a second one exits at once.
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let c = cancel.clone();
@@ -73,39 +60,28 @@ pub fn run(a: &RunArgs, root: &Path) -> anyhow::Result<()> {
             }
         });
     }
-    let mut state = model.new_state();
-    let t0 = Instant::now();
-    let read0 = model.experts().stats().unwrap_or_default().bytes_read();
-    let mut logits = model.forward(&prompt_ids, &mut state)?;
-    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let prefill_read = model.experts().stats().unwrap_or_default().bytes_read() - read0;
-    let t1 = Instant::now();
-    let mut out = Vec::new();
-    while out.len() < max_new {
-        let next = argmax(&logits);
-        out.push(next);
-        if !a.ignore_eos && eos.contains(&next) {
-            break;
-        }
-        if out.len() == max_new || cancel.load(Ordering::SeqCst) {
-            break;
-        }
-        logits = model.forward(&[next], &mut state)?;
-    }
-    let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let read0 = engine.model().bytes_read();
+    let mut session = engine.session(chat.clone());
+    let mut prefill_read = None;
+    let g = session.generate(&prompt_ids, &opts, &cancel, &mut |l| argmax(l), |_| {
+        prefill_read.get_or_insert_with(|| engine.model().bytes_read() - read0);
+    })?;
     let (_, peak) = deltafin::memory::rss();
-    let text = tok.as_ref().map(|t| split_reply(t, &out, a.chat));
+    let text = (a.prompt.is_some()).then(|| reply_text(&engine, &g.generated_ids, a.chat, &chat));
+    let plan = engine.model().plan();
     if a.json {
         let v = serde_json::json!({
             "model_type": "gpt_oss",
             "prompt_ids": prompt_ids,
             "text": text,
-            "generated_ids": out,
-            "prefill": {"tokens": prompt_ids.len(), "ms": prefill_ms,
-                "passes": prompt_ids.len().div_ceil(model.plan().map_or(1, |p| p.prefill_pass.max(1))),
+            "generated_ids": g.generated_ids,
+            "stop": g.stop,
+            "prefill": {"tokens": prompt_ids.len(), "ms": g.prefill_ms,
+                "passes": prompt_ids.len().div_ceil(engine.model().pass_len().max(1)),
                 "bytes_read": prefill_read},
-            "decode_ms_per_token": decode_ms / out.len().max(1) as f64,
-            "memory": {"peak_rss_bytes": peak, "plan": model.plan()},
+            "decode_ms_per_token": g.decode_ms / g.generated_ids.len().saturating_sub(1).max(1) as f64,
+            "spec": g.spec,
+            "memory": {"peak_rss_bytes": peak, "plan": plan},
         });
         println!("{v}");
     } else {
@@ -116,39 +92,58 @@ pub fn run(a: &RunArgs, root: &Path) -> anyhow::Result<()> {
                 }
                 println!("{}", t["content"].as_str().unwrap_or_default());
             }
-            None => println!("{out:?}"),
+            None => println!("{:?}", g.generated_ids),
         }
         eprintln!(
-            "prefill {} tokens in {:.1} s, {} tokens at {:.0} ms/token, peak RSS {:.2} GB",
+            "prefill {} tokens in {:.1} s, {} tokens at {:.0} ms/token ({:?}), peak RSS {:.2} GB",
             prompt_ids.len(),
-            prefill_ms / 1e3,
-            out.len(),
-            decode_ms / out.len().max(1) as f64,
+            g.prefill_ms / 1e3,
+            g.generated_ids.len(),
+            g.decode_ms / g.generated_ids.len().saturating_sub(1).max(1) as f64,
+            g.stop,
             peak as f64 / 1e9
         );
     }
     Ok(())
 }
 
-/// The reply as text: with `chat`, `{"reasoning", "content"}` split on harmony's channels; else
-/// `{"content"}`.
-fn split_reply(t: &GptOssTokenizer, ids: &[u32], chat: bool) -> serde_json::Value {
+/// The reply as text: with `chat`, `{"reasoning", "content"}` split by the chat format's
+/// splitter on token ids; else `{"content"}`.
+fn reply_text(
+    engine: &deltafin::Engine,
+    ids: &[u32],
+    chat: bool,
+    opts: &ChatOptions,
+) -> serde_json::Value {
+    let tok = engine.tokenizer();
     if !chat {
-        return serde_json::json!({ "content": t.decode(ids) });
+        return serde_json::json!({ "content": tok.decode(ids) });
     }
-    let mut s = HarmonySplitter::new(t.harmony_ids(), t.decoder());
-    let (mut reasoning, mut content) = (Vec::new(), Vec::new());
-    for &id in ids {
-        match s.push(id) {
-            Some(Channel::Analysis) => reasoning.push(id),
-            Some(Channel::Final) => content.push(id),
-            _ => {}
+    let Ok(mut split) = engine
+        .chat_format()
+        .splitter(engine.tokenizer_arc(), opts.thinking, false)
+    else {
+        return serde_json::json!({ "content": tok.decode(ids) });
+    };
+    let mut dec = deltafin::tokenizer::StreamDecoder::new();
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    let mut take = |d: Vec<deltafin::chat::Delta>| {
+        for x in d {
+            match x {
+                deltafin::chat::Delta::Reasoning(t) => reasoning.push_str(&t),
+                deltafin::chat::Delta::Content(t) => content.push_str(&t),
+                deltafin::chat::Delta::ToolCall(_) => {}
+            }
         }
+    };
+    for &id in ids {
+        take(split.push_id(tok, &mut dec, id));
     }
-    serde_json::json!({"reasoning": t.decode(&reasoning), "content": t.decode(&content)})
+    take(split.finish(&mut dec));
+    serde_json::json!({"reasoning": reasoning, "content": content})
 }
 
-/// Today's date (UTC) as YYYY-MM-DD, for harmony's system block.
+/// Today's date (UTC) as YYYY-MM-DD, for chat formats that render one.
 pub fn today() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
