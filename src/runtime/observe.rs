@@ -77,6 +77,16 @@ pub struct PrefillStep {
 }
 
 impl PrefillStep {
+    /// Tells `obs` that layer `layer` of this step's pass is done, `read_now` bytes read.
+    pub fn report(self, obs: &dyn Observer, layer: usize, read_now: u64) {
+        let step = PrefillStep {
+            layer,
+            read_now,
+            ..self
+        };
+        obs.on(layer, &Event::Prefill(step));
+    }
+
     /// Share of the call's layer steps done, in (0, 1].
     pub fn fraction(&self) -> f64 {
         let total = (self.passes * self.layers).max(1);

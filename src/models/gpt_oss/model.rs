@@ -271,15 +271,7 @@ impl GptOssModel {
             self.attention(layer, &mut x, &mut kv.cache, state.pos)?;
             self.mlp(l, layer, &mut x, obs)?;
             if let Some(step) = prefill {
-                let read_now = self.bytes_read();
-                obs.on(
-                    l,
-                    &Event::Prefill(PrefillStep {
-                        layer: l,
-                        read_now,
-                        ..step
-                    }),
-                );
+                step.report(obs, l, self.bytes_read());
             }
         }
         state.pos += ids.len();

@@ -415,15 +415,7 @@ impl K3Model {
                 .collect();
             h = layer.forward(l, h, &mut anchors, &mut sl, &owner, &ld, &cx)?;
             if let Some(step) = ctl.prefill {
-                let read_now = self.bytes_read();
-                obs.on(
-                    l,
-                    &Event::Prefill(PrefillStep {
-                        layer: l,
-                        read_now,
-                        ..step
-                    }),
-                );
+                step.report(obs, l, self.bytes_read());
             }
         }
         obs.on(0, &Event::PassEnd);
