@@ -9,7 +9,8 @@
 #      (layer-major prefill) and 3 decoded tokens: completes within the plan;
 #   4. `bench prefill` on the 4-layer prefix with a 512-token prompt: bytes read ≤ 1.05 × the
 #      distinct weight bytes the prompt needs, within the plan;
-#   5. gpt-oss-120b's published shape (sparse): a 64-token prompt and 4 tokens within its plan;
+#   5. gpt-oss-120b's published shape (sparse): a 64-token prompt and 4 tokens within its plan,
+#      then a harmony chat prompt through its 201,088-id tokenizer;
 #   6. `deltafin serve` on K3 answers /health 503 while it loads, then a completion with 200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,6 +84,19 @@ print(f'gpt-oss-120b: prefill of {pre["tokens"]} tokens in {pre["ms"]/1e3:.1f} s
       f'({(pre["bytes_read"] or 0)/1e9:.1f} GB of experts read), {r["decode_ms_per_token"]:.0f} ms '
       f'per decoded token, peak RSS {m["peak_rss_bytes"]/1e9:.2f} GB, plan total '
       f'{p["total"]/1e9:.2f} GB (limit {p["limit"]/1e9:.2f} GB {p["limit_source"]})')
+assert m["peak_rss_bytes"] <= p["total"], "peak RSS over the memory plan"
+PY
+# The same shape through its chat format: the 201,088-id tokenizer.json, harmony's rendering.
+"$bin" run --model-root "$work/g120" --prompt "What is the capital of France?" --chat \
+  --max-new 2 --ignore-eos --json >"$work/g120c.json" 2>"$work/g120c.log" \
+  || { tail -20 "$work/g120c.log"; exit 1; }
+python3 - "$work/g120c.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+m = r["memory"]; p = m["plan"]; pre = r["prefill"]
+assert len(r["generated_ids"]) == 2 and pre["tokens"] > 100, r
+print(f'gpt-oss-120b chat (harmony, 201,088-id tokenizer): {pre["tokens"]}-token prompt in '
+      f'{pre["ms"]/1e3:.1f} s, peak RSS {m["peak_rss_bytes"]/1e9:.2f} GB (plan {p["total"]/1e9:.2f} GB)')
 assert m["peak_rss_bytes"] <= p["total"], "peak RSS over the memory plan"
 PY
 rm -rf "$work/g120"

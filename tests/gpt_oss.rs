@@ -227,3 +227,38 @@ fn the_memory_plan_sizes_the_model_and_refuses_what_does_not_fit() {
         .to_string();
     assert!(e.contains("--memory-gb"), "{e}");
 }
+
+/// The full-shape fixture's tokenizer is o200k_harmony's size and layout: 199,998 ranks, then
+/// the specials with harmony's at their published ids; text round-trips and the engine's stop
+/// ids are the config's `<|return|>` and harmony's `<|call|>`.
+#[test]
+fn the_full_shape_tokenizer_has_o200k_harmony_layout() {
+    use deltafin::chat::format::harmony_ids;
+    use deltafin::models::gpt_oss::fixture::write_tokenizer_json;
+    let d = tempfile::tempdir().unwrap();
+    let shape = GptOssShape::gpt_oss_120b();
+    let t0 = std::time::Instant::now();
+    write_tokenizer_json(d.path(), &shape).unwrap();
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(d.path()).unwrap();
+    eprintln!(
+        "201,088-id tokenizer.json written and loaded in {:.1} s ({} bytes)",
+        t0.elapsed().as_secs_f64(),
+        std::fs::metadata(d.path().join("tokenizer.json"))
+            .unwrap()
+            .len()
+    );
+    assert_eq!(tok.num_ranks(), 199_998);
+    let h = harmony_ids(&tok).unwrap();
+    assert_eq!(
+        (h.ret, h.call, h.start, h.end, h.message, h.channel),
+        (200_002, 200_012, 200_006, 200_007, 200_008, 200_005)
+    );
+    assert_eq!(tok.special_id("<|reserved_201087|>"), Some(201_087));
+    let text = "The quick brown fox: 12345 <|start|> stays text.";
+    let ids = tok.encode_ordinary(text);
+    assert!(
+        ids.iter().all(|&i| i < 199_998),
+        "specials in text stay text"
+    );
+    assert_eq!(tok.decode(&ids), text);
+}

@@ -112,6 +112,21 @@ fn stream_install_runs_fetches_and_matches_the_checkpoint() {
         "a complete cache asks the hub for nothing"
     );
 
+    // A storage home filled with every expert, recorded in the install and read by `run`.
+    let home = dst.path().join("drive2");
+    let out = deltafin(
+        &hub,
+        &["populate-home", home.to_str().unwrap(), "--all"],
+        &root,
+    );
+    let r = json(&out);
+    assert_eq!(r["experts"], 4 * 32, "{r}");
+    assert_eq!(r["recorded"], true, "{r}");
+    std::fs::remove_dir_all(root.join("experts")).unwrap();
+    let gets = hub.ranged_gets();
+    assert_eq!(json(&deltafin(&hub, &run, &root))["generated_ids"], want);
+    assert_eq!(hub.ranged_gets(), gets, "every expert came from the home");
+
     // A full install: the shards themselves, mapped as they are (no store beside them).
     let full = dst.path().join("gpt-oss-full");
     deltafin(&hub, &["setup", "--full", "--repo", REPO], &full);

@@ -11,7 +11,7 @@ use super::{adopt_source, count_selections, expert_store, manifest_path, read_ma
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::experts::{CacheAdvice, DiskCache, ExpertProvider, TieredOptions};
 use crate::fsio::atomic::write_atomic;
-use crate::{Error, K3Config, Result};
+use crate::{Error, Result};
 
 /// Which experts a home gets.
 #[derive(Debug, Clone)]
@@ -37,16 +37,15 @@ pub struct PopulateReport {
     pub recorded: bool,
 }
 
-/// The experts `sel` picks, most selected first.
-pub fn selection(cfg: &K3Config, sel: &HomeSelection) -> Result<Vec<(usize, usize)>> {
+/// The experts `sel` picks, most selected first (`All`: every routed expert `index` lists).
+pub fn selection(index: &ExpertIndex, sel: &HomeSelection) -> Result<Vec<(usize, usize)>> {
     match sel {
-        HomeSelection::All => {
-            let n = cfg.text().num_experts;
-            Ok(cfg
-                .moe_layers()
-                .flat_map(|l| (0..n).map(move |e| (l, e)))
-                .collect())
-        }
+        HomeSelection::All => Ok(index
+            .spans
+            .iter()
+            .enumerate()
+            .flat_map(|(l, s)| (0..s.len()).map(move |e| (l, e)))
+            .collect()),
         HomeSelection::Experts(v) => Ok(v.clone()),
         HomeSelection::Hottest(n, traces) => {
             if traces.is_empty() {
@@ -72,10 +71,9 @@ pub fn populate_home(
     cancel: &AtomicBool,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<PopulateReport> {
-    let cfg = K3Config::from_file(&root.join("config.json"))?;
     let inv = Arc::new(Inventory::from_dir(root)?);
-    let index = Arc::new(ExpertIndex::derive_k3(&inv, &cfg)?);
-    let want = selection(&cfg, sel)?;
+    let index = Arc::new(crate::models::ModelKind::detect(root)?.expert_index(root, &inv)?);
+    let want = selection(&index, sel)?;
     let home = DiskCache::new(dir, CacheAdvice::Auto)?;
     // Records this checkpoint's identity (and drops experts a different one left here).
     adopt_source(&home, &inv, &index)?;
