@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Starts `deltafin serve` on K3-nano and drives it with the official openai Python package,
 # installed from PyPI into a temporary virtualenv; tool calls against a scripted server
-# (scripts/openai_tools_check.py); then the load test (scripts/load_check.py):
+# (scripts/openai_tools_check.py); gpt-oss's harmony tool calls (scripts/openai_gpt_oss_check.py);
+# then the load test (scripts/load_check.py):
 # 32 concurrent clients against `deltafin serve --max-batch 8` on the built-in K3-tiny. Run by
 # .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
-trap 'for p in ${server:-} ${server2:-} ${server3:-} ${server4:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for p in ${server:-} ${server2:-} ${server3:-} ${server4:-} ${server5:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 bin=target/release/deltafin
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture nano "$work/nano" 2>/dev/null
@@ -36,6 +37,21 @@ done
   exit 1
 }
 kill "$server4" 2>/dev/null || true
+# gpt-oss (harmony) through the same client: a scripted harmony reply with a tool call.
+"$bin" fixture gpt-oss-tiny "$work/gpt-oss" --original-context 512 2>/dev/null
+port5=$((port + 4))
+"$bin" serve --model-root "$work/gpt-oss" --port "$port5" --model-id gpt-oss-tiny \
+  --scripted-reply scripts/harmony_tool_reply.txt 2>"$work/server5.log" &
+server5=$!
+for _ in $(seq 1 100); do
+  if curl -sf "http://127.0.0.1:$port5/health" >/dev/null; then break; fi
+  sleep 0.2
+done
+"$work/venv/bin/python" scripts/openai_gpt_oss_check.py "http://127.0.0.1:$port5/v1" || {
+  tail -20 "$work/server5.log"
+  exit 1
+}
+kill "$server5" 2>/dev/null || true
 port2=$((port + 1))
 "$bin" serve --port "$port2" --max-batch 8 --queue 16 2>"$work/server2.log" &
 server2=$!

@@ -214,6 +214,10 @@ pub enum FixtureKind {
         /// Number of shard files.
         #[arg(long, default_value_t = 3)]
         shards: usize,
+        /// YaRN's original context (`initial_context_length`); the model holds 4× as many
+        /// positions (harmony's system block alone takes about 200 of the tiny vocabulary's ids).
+        #[arg(long, default_value_t = 64)]
+        original_context: usize,
     },
 }
 
@@ -278,9 +282,18 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                     t0.elapsed().as_secs_f64()
                 );
             }
-            FixtureKind::GptOssTiny { dir, seed, shards } => {
+            FixtureKind::GptOssTiny {
+                dir,
+                seed,
+                shards,
+                original_context,
+            } => {
                 use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
-                write_gpt_oss(&dir, &GptOssShape::tiny(), seed, shards)?;
+                let shape = GptOssShape {
+                    original_context: original_context.max(1),
+                    ..GptOssShape::tiny()
+                };
+                write_gpt_oss(&dir, &shape, seed, shards)?;
                 eprintln!("wrote gpt-oss-tiny to {}", dir.display());
             }
             FixtureKind::K3Full { dir, seed, layers } => {
