@@ -10,15 +10,19 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 trap 'for p in ${server:-} ${server2:-} ${server3:-} ${server4:-} ${server5:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 bin=target/release/deltafin
+# Waits until the server on port $1 answers /health.
+wait_up() {
+  for _ in $(seq 1 100); do
+    if curl -sf "http://127.0.0.1:$1/health" >/dev/null; then return; fi
+    sleep 0.2
+  done
+}
 [ -x "$bin" ] || cargo build --release --quiet
 "$bin" fixture nano "$work/nano" 2>/dev/null
 port=$((20000 + RANDOM % 20000))
 "$bin" serve --model-root "$work/nano" --port "$port" --api-key sk-check 2>"$work/server.log" &
 server=$!
-for _ in $(seq 1 100); do
-  if curl -sf "http://127.0.0.1:$port/health" >/dev/null; then break; fi
-  sleep 0.2
-done
+wait_up "$port"
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet openai
 "$work/venv/bin/python" scripts/openai_client_check.py "http://127.0.0.1:$port/v1" sk-check
@@ -28,10 +32,7 @@ port4=$((port + 3))
 "$bin" serve --model-root "$work/nano" --port "$port4" --scripted-reply scripts/tool_reply.txt \
   2>"$work/server4.log" &
 server4=$!
-for _ in $(seq 1 100); do
-  if curl -sf "http://127.0.0.1:$port4/health" >/dev/null; then break; fi
-  sleep 0.2
-done
+wait_up "$port4"
 "$work/venv/bin/python" scripts/openai_tools_check.py "http://127.0.0.1:$port4/v1" || {
   tail -20 "$work/server4.log"
   exit 1
@@ -43,10 +44,7 @@ port5=$((port + 4))
 "$bin" serve --model-root "$work/gpt-oss" --port "$port5" --model-id gpt-oss-tiny \
   --scripted-reply scripts/harmony_tool_reply.txt 2>"$work/server5.log" &
 server5=$!
-for _ in $(seq 1 100); do
-  if curl -sf "http://127.0.0.1:$port5/health" >/dev/null; then break; fi
-  sleep 0.2
-done
+wait_up "$port5"
 "$work/venv/bin/python" scripts/openai_gpt_oss_check.py "http://127.0.0.1:$port5/v1" || {
   tail -20 "$work/server5.log"
   exit 1
