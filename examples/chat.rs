@@ -1,4 +1,4 @@
-//! Interactive multi-turn chat with K3.
+//! Interactive multi-turn chat with K3, or any model the runtime runs (gpt-oss: harmony).
 //!
 //! `cargo run --release --example chat [MODEL_ROOT] [--no-thinking] [--show-reasoning]
 //! [--temperature 0.8] [--greedy] [--seed N] [--speculate auto|ngram|off] [--spec-depth 8]`
