@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
-trap 'for p in ${server:-} ${server2:-} ${server3:-} ${server4:-} ${server5:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+trap 'for p in ${server:-} ${server2:-} ${server3:-}; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 bin=target/release/deltafin
 # Waits until the server on port $1 answers /health.
 wait_up() {
@@ -27,29 +27,27 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet openai
 "$work/venv/bin/python" scripts/openai_client_check.py "http://127.0.0.1:$port/v1" sk-check
 kill "$server" 2>/dev/null || true
-# Tool calls: a server whose every reply is the scripted K3 tools section.
-port4=$((port + 3))
-"$bin" serve --model-root "$work/nano" --port "$port4" --scripted-reply scripts/tool_reply.txt \
-  2>"$work/server4.log" &
-server4=$!
-wait_up "$port4"
-"$work/venv/bin/python" scripts/openai_tools_check.py "http://127.0.0.1:$port4/v1" || {
-  tail -20 "$work/server4.log"
-  exit 1
+# A server whose every reply is a scripted one ($3), driven by a check script ($4): serves the
+# model in $1 on port $2 (more serve flags after), fails with the server's log.
+scripted_check() {
+  local dir=$1 p=$2 reply=$3 check=$4
+  shift 4
+  "$bin" serve --model-root "$dir" --port "$p" --scripted-reply "$reply" "$@" 2>"$work/server-$p.log" &
+  local pid=$!
+  wait_up "$p"
+  "$work/venv/bin/python" "$check" "http://127.0.0.1:$p/v1" || {
+    tail -20 "$work/server-$p.log"
+    kill "$pid" 2>/dev/null || true
+    exit 1
+  }
+  kill "$pid" 2>/dev/null || true
 }
-kill "$server4" 2>/dev/null || true
+# Tool calls: every reply is the scripted K3 tools section.
+scripted_check "$work/nano" $((port + 3)) scripts/tool_reply.txt scripts/openai_tools_check.py
 # gpt-oss (harmony) through the same client: a scripted harmony reply with a tool call.
 "$bin" fixture gpt-oss-tiny "$work/gpt-oss" --original-context 512 2>/dev/null
-port5=$((port + 4))
-"$bin" serve --model-root "$work/gpt-oss" --port "$port5" --model-id gpt-oss-tiny \
-  --scripted-reply scripts/harmony_tool_reply.txt 2>"$work/server5.log" &
-server5=$!
-wait_up "$port5"
-"$work/venv/bin/python" scripts/openai_gpt_oss_check.py "http://127.0.0.1:$port5/v1" || {
-  tail -20 "$work/server5.log"
-  exit 1
-}
-kill "$server5" 2>/dev/null || true
+scripted_check "$work/gpt-oss" $((port + 4)) scripts/harmony_tool_reply.txt \
+  scripts/openai_gpt_oss_check.py --model-id gpt-oss-tiny
 port2=$((port + 1))
 "$bin" serve --port "$port2" --max-batch 8 --queue 16 2>"$work/server2.log" &
 server2=$!

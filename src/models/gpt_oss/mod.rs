@@ -37,6 +37,7 @@ pub mod attention;
 pub mod config;
 pub mod dense;
 pub mod fixture;
+mod fixture_tokenizer;
 pub mod model;
 pub mod names;
 pub mod plan;
