@@ -2,6 +2,8 @@
 //! metal/compat.h and run on the CPU over a simulated grid, must equal the Rust reference
 //! kernels bit for bit.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -11,10 +13,9 @@ use deltafin::mxfp4::{gemm_with, Kernel, Mxfp4Expert, Mxfp4Matrix};
 use deltafin::spine::dense::{quantize_row_int8, DenseData, DenseMatrix};
 
 fn driver() -> &'static PathBuf {
-    static D: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &D.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("cpu_driver");
+    static D: OnceLock<PathBuf> = OnceLock::new();
+    D.get_or_init(|| {
+        let exe = common::process_tempdir().join("cpu_driver");
         let metal = Path::new(env!("CARGO_MANIFEST_DIR")).join("metal");
         let out = Command::new(std::env::var("CXX").unwrap_or_else(|_| "c++".into()))
             .args([
@@ -38,9 +39,8 @@ fn driver() -> &'static PathBuf {
             "compiling the shaders as C++ failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        (dir, exe)
+        exe
     })
-    .1
 }
 
 fn run(args: &[&str], inputs: &[&[u8]], n_out: usize) -> Vec<f32> {

@@ -8,16 +8,37 @@ use std::sync::OnceLock;
 
 use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 
-/// The K3-nano fixture (seed 0), written once per test binary.
+/// The K3-nano fixture (seed 0), written once per test binary and removed when it exits.
 pub fn nano() -> PathBuf {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = tempfile::tempdir().unwrap();
-        write_nano(d.path(), &NanoOptions::default()).unwrap();
+        let d = process_tempdir();
+        write_nano(&d, &NanoOptions::default()).unwrap();
         d
     })
-    .path()
-    .to_path_buf()
+    .clone()
+}
+
+/// A new temporary directory removed when the test process exits. A `TempDir` kept in a
+/// static is never dropped, so each test binary would leave its fixture behind in /tmp.
+pub fn process_tempdir() -> PathBuf {
+    use std::sync::Mutex;
+    static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    extern "C" fn remove_all() {
+        if let Ok(dirs) = DIRS.lock() {
+            for d in dirs.iter() {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
+    // The harness ends the process with `exit`, which runs atexit handlers (pass or fail).
+    HOOK.call_once(|| unsafe {
+        libc::atexit(remove_all);
+    });
+    let d = tempfile::tempdir().unwrap().keep();
+    DIRS.lock().unwrap().push(d.clone());
+    d
 }
 
 /// The model in `root` (spine from the shards, all pinned) over the given expert provider.
