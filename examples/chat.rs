@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use deltafin::chat::{ChatOptions, Delta, Effort, Message};
+use deltafin::chat::{ChatOptions, Delta, Message};
 use deltafin::engine::CacheRam;
 use deltafin::progress::{PrefillProgress, ProgressMode};
 use deltafin::runtime::prompt_cache::PromptCacheOptions;
@@ -112,10 +112,11 @@ fn main() -> anyhow::Result<()> {
     let chat = ChatOptions {
         thinking,
         effort: if thinking {
-            Some(Effort::resolve(
-                None,
-                std::env::var("K3_REASONING_EFFORT").ok().as_deref(),
-            )?)
+            Some(
+                engine
+                    .chat_format()
+                    .effort(None, std::env::var("K3_REASONING_EFFORT").ok().as_deref())?,
+            )
         } else {
             None
         },

@@ -6,7 +6,8 @@
 # 2e-3 relative. Each run also has a negative control (mlx-lm with KDA's A_log read per channel)
 # that must disagree, so the check can see that error.
 # Also: our K3 tool-call parser against mlx-lm's kimi_k3 tool parser on one corpus, the
-# json_schema mask's replies against the jsonschema package, and gpt-oss against transformers.
+# json_schema mask's replies against the jsonschema package, gpt-oss against transformers, and
+# our harmony prompts against openai-harmony (scripts/harmony_check.py).
 #   scripts/reference_check.sh [WORK_DIR]     # default target/reference-check
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,10 +53,11 @@ run --model "$work/medium" --name K3-medium-150 --seed 4 --prompt-len 150 --gene
 # The venv (5 GB, about 2 minutes to install) lives in the user's cache, keyed by the pinned
 # versions, so a clean clone does not install it again.
 tvenv=${DELTAFIN_TORCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deltafin/torch2.6.0-transformers5.25.0-venv}
-if ! "$tvenv/bin/python" -c 'import torch, transformers, accelerate' 2>/dev/null; then
-    python3 -m venv "$tvenv"
+if ! "$tvenv/bin/python" -c 'import torch, transformers, accelerate, openai_harmony, tiktoken' 2>/dev/null; then
+    [ -x "$tvenv/bin/python" ] || python3 -m venv "$tvenv"
     "$tvenv/bin/pip" install -q --disable-pip-version-check \
-        'torch==2.6.0' 'transformers==5.25.0' 'accelerate==1.16.0'
+        'torch==2.6.0' 'transformers==5.25.0' 'accelerate==1.16.0' \
+        'openai-harmony==0.0.8' 'tiktoken==0.14.0'
 fi
 for spec in "0 3" "7 1"; do
     set -- $spec
@@ -65,8 +67,17 @@ for spec in "0 3" "7 1"; do
         --model "$work/gpt-oss-$1" --name "gpt-oss-tiny (seed $1, $2 shard files)" --seed "$1" \
         --prompt-len 24 --generate 8 --json "$work/gpt-oss-$1.json" || status=1
 done
+# Harmony prompts (gpt-oss) against OpenAI's renderer, openai-harmony, token for token with the
+# real o200k_harmony vocabulary: o200k_base's ranks come from the npm package `tiktoken` (the
+# script accepts them only with the SHA-256 openai-harmony checks); transformers' converter
+# writes our side's tokenizer.json from them.
+npm_dir=${XDG_CACHE_HOME:-$HOME/.cache}/deltafin/npm-tiktoken-1.0.22
+o200k=$npm_dir/node_modules/tiktoken/encoders/o200k_base.json
+[ -f "$o200k" ] || npm install --silent --no-audit --no-fund --prefix "$npm_dir" tiktoken@1.0.22
+"$tvenv/bin/python" "$repo/scripts/harmony_check.py" --deltafin "$bin" --o200k-json "$o200k" \
+    --work "$work/harmony" || status=1
 if [[ $status -ne 0 ]]; then
     echo "reference check: FAILED" >&2
     exit 1
 fi
-echo "reference check: 6 passed, 0 failed"
+echo "reference check: 7 passed, 0 failed"

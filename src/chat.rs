@@ -50,48 +50,47 @@ impl Message {
     }
 }
 
-/// Reasoning effort (`medium` is not accepted, as in K3's renderer).
+/// Reasoning effort. Which levels a conversation may use is its format's choice
+/// (`ChatFormat::effort`: K3's renderer refuses `medium`, harmony has no `max`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effort {
     /// low
     Low,
+    /// medium (harmony's default)
+    Medium,
     /// high
     High,
-    /// max (the default)
+    /// max (K3's default)
     Max,
 }
 
 impl Effort {
-    /// Parses `low`, `high` or `max`.
+    /// Parses `low`, `medium`, `high` or `max`.
     pub fn parse(s: &str) -> Result<Self> {
         match s {
             "low" => Ok(Effort::Low),
+            "medium" => Ok(Effort::Medium),
             "high" => Ok(Effort::High),
             "max" => Ok(Effort::Max),
             other => Err(Error::Msg(format!(
-                "reasoning effort `{other}` is not accepted (use low, high or max)"
+                "reasoning effort `{other}` is not accepted (use low, medium, high or max)"
             ))),
-        }
-    }
-
-    /// The request value, else the caller's default (the binaries: `K3_REASONING_EFFORT`),
-    /// else `max`.
-    pub fn resolve(request: Option<&str>, default: Option<&str>) -> Result<Self> {
-        match (request, default) {
-            (Some(r), _) => Self::parse(r),
-            (None, Some(d)) if !d.is_empty() => Self::parse(d),
-            _ => Ok(Effort::Max),
         }
     }
 
     fn as_str(self) -> &'static str {
         match self {
             Effort::Low => "low",
+            Effort::Medium => "medium",
             Effort::High => "high",
             Effort::Max => "max",
         }
     }
 }
+
+/// K3's renderer has no `medium` effort (its published renderer refuses it too).
+pub const MEDIUM_REFUSED: &str =
+    "reasoning effort `medium` is not accepted by K3's chat format (use low, high or max)";
 
 /// Rendering options.
 #[derive(Debug, Clone)]
@@ -189,6 +188,24 @@ pub fn close_turn(phase: Phase) -> Vec<Segment> {
     out
 }
 
+/// `v` with every object's keys in sorted order.
+fn sorted_keys(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted_keys(&m[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted_keys).collect()),
+        other => other.clone(),
+    }
+}
+
 /// The system preamble `render` starts with (tool declarations, the thinking effort).
 fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
     let mut out = Vec::new();
@@ -198,8 +215,10 @@ fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
             "message",
             &[("role", "system"), ("type", "tool-declare")],
         );
-        // serde_json maps are sorted by key, and to_string is compact (`,` and `:`).
-        let json = serde_json::to_string(tools).map_err(|e| Error::Msg(e.to_string()))?;
+        // K3's renderer writes the declarations with sorted keys (serde_json keeps a request's
+        // order, which harmony needs), compact (`,` and `:`).
+        let json =
+            serde_json::to_string(&sorted_keys(tools)).map_err(|e| Error::Msg(e.to_string()))?;
         out.push(Segment::Text(format!(
             "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{json}\n```"
         )));
@@ -214,7 +233,8 @@ fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
             "message",
             &[("role", "system"), ("type", "response-format")],
         );
-        let json = serde_json::to_string(schema).map_err(|e| Error::Msg(e.to_string()))?;
+        let json =
+            serde_json::to_string(&sorted_keys(schema)).map_err(|e| Error::Msg(e.to_string()))?;
         out.push(Segment::Text(format!(
             "Reply with one JSON object that is valid against this JSON Schema.\n\n```json\n{json}\n```"
         )));
@@ -223,6 +243,9 @@ fn preamble(opts: &ChatOptions) -> Result<Vec<Segment>> {
     }
     if opts.thinking {
         if let Some(e) = opts.effort {
+            if e == Effort::Medium {
+                return Err(Error::Msg(MEDIUM_REFUSED.into()));
+            }
             open_tag(
                 &mut out,
                 "message",
@@ -402,6 +425,7 @@ pub fn segments_text(segs: &[Segment]) -> String {
 mod force;
 pub mod format;
 pub mod harmony;
+pub mod harmony_schema;
 pub mod harmony_tools;
 mod json_mask;
 mod json_schema;

@@ -398,7 +398,7 @@ fn a_tool_call_round_trip_in_harmony() {
     let t2 = scripted_turn(&e, &mut s, &[result], &[], id("<|return|>"));
     let p2 = tok.decode(&t2.generation.prompt_ids);
     assert!(
-        p2.contains(r#"<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Paris"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C, cloudy"<|end|><|start|>assistant"#),
+        p2.contains(r#"<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city":"Paris"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>18 C, cloudy<|end|><|start|>assistant"#),
         "{p2}"
     );
 }

@@ -46,6 +46,24 @@ impl ChatFormat {
         }
     }
 
+    /// The reasoning effort a conversation renders with: the request's, else the caller's
+    /// default (the binaries: `K3_REASONING_EFFORT`), else the format's own (XTML max,
+    /// harmony medium). XTML refuses `medium`; harmony renders `max` as `high`.
+    pub fn effort(self, request: Option<&str>, default: Option<&str>) -> Result<Effort> {
+        let e = match (request, default) {
+            (Some(r), _) => Effort::parse(r)?,
+            (None, Some(d)) if !d.is_empty() => Effort::parse(d)?,
+            _ => match self {
+                ChatFormat::Xtml => Effort::Max,
+                ChatFormat::Harmony => Effort::Medium,
+            },
+        };
+        if self == ChatFormat::Xtml && e == Effort::Medium {
+            return Err(Error::Msg(super::MEDIUM_REFUSED.into()));
+        }
+        Ok(e)
+    }
+
     /// Whether a session may feed only a new turn after a reply (`continuation`). Harmony's
     /// template drops earlier turns' reasoning, so the held state never matches a re-rendering:
     /// each turn renders the whole history instead.
@@ -111,8 +129,8 @@ impl ChatFormat {
     }
 }
 
-/// gpt-oss's options from the request's: effort low/high map to harmony's, max to high, none
-/// to the template's medium.
+/// gpt-oss's options from the request's: effort low/medium/high map to harmony's, max to
+/// high, none to harmony's default (medium).
 fn harmony_options(opts: &ChatOptions) -> HarmonyOptions {
     let mut h = HarmonyOptions {
         // `tool_choice: none` declares nothing (the model is not told of the tools).
@@ -123,7 +141,7 @@ fn harmony_options(opts: &ChatOptions) -> HarmonyOptions {
         reasoning: match opts.effort {
             Some(Effort::Low) => Reasoning::Low,
             Some(Effort::High | Effort::Max) => Reasoning::High,
-            None => Reasoning::Medium,
+            Some(Effort::Medium) | None => Reasoning::Medium,
         },
         ..Default::default()
     };

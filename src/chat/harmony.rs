@@ -26,6 +26,8 @@ pub const CHANNEL: &str = "<|channel|>";
 pub const RETURN: &str = "<|return|>";
 /// Ends a tool call.
 pub const CALL: &str = "<|call|>";
+/// Marks a body's format in a header (`<|constrain|>json`).
+pub const CONSTRAIN: &str = "<|constrain|>";
 
 /// gpt-oss's reasoning effort (the system block's `Reasoning:` line).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -127,21 +129,27 @@ pub fn render_marked(
     let developer = messages[..skip].first().filter(|d| !d.content.is_empty());
     let mut body = String::new();
     if let Some(d) = developer {
-        body = format!("# Instructions\n\n{}\n\n", d.content);
+        body = format!("# Instructions\n\n{}", d.content);
     }
     if let Some(t) = &opts.tools {
+        if !body.is_empty() {
+            body.push_str("\n\n");
+        }
         body.push_str(&super::harmony_tools::tools_section(t)?);
     }
     if !body.is_empty() {
         message(&mut out, &[("developer", false)], &body, END);
     }
     let mut marks = vec![out.len()];
+    let drop_before = analysis_dropped_before(&messages[skip..]).map(|i| i + skip);
     for (at, m) in messages.iter().enumerate().skip(skip) {
         match m.role.as_str() {
             "user" => message(&mut out, &[("user", false)], &m.content, END),
-            "assistant" if !m.tool_calls.is_empty() => {
-                super::harmony_tools::render_calls(&mut out, m)
-            }
+            "assistant" if !m.tool_calls.is_empty() => super::harmony_tools::render_calls(
+                &mut out,
+                m,
+                drop_before.is_some_and(|d| at < d),
+            ),
             // Earlier turns keep only their final answer (the template drops reasoning).
             "assistant" => message(
                 &mut out,
@@ -169,6 +177,19 @@ pub fn render_marked(
     control(&mut out, START);
     text(&mut out, "assistant");
     Ok((out, marks))
+}
+
+/// Where harmony stops dropping reasoning: when the conversation's last assistant message is a
+/// final answer, the analysis messages before its first final answer are left out (earlier
+/// turns' reasoning is not shown to the model again; a tool chain still under way keeps its).
+/// An assistant message renders as a final answer when it has no calls.
+fn analysis_dropped_before(messages: &[Message]) -> Option<usize> {
+    let is_final = |m: &Message| m.role == "assistant" && m.tool_calls.is_empty();
+    let last = messages.iter().rev().find(|m| m.role == "assistant")?;
+    if !is_final(last) {
+        return None;
+    }
+    messages.iter().position(is_final)
 }
 
 /// The token ids of harmony's specials in one vocabulary.
@@ -300,10 +321,12 @@ impl HarmonySplitter {
                 let name = (self.decode)(&self.channel);
                 // The recipient may stand after the role or after the channel.
                 let head = format!("{}{}", self.head_text, (self.decode)(&self.header));
+                // A format marker may follow the name without a space
+                // (`to=functions.f<|constrain|>json`).
                 self.recipient = head
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("to=functions."))
-                    .map(String::from);
+                    .map(|r| r.split(CONSTRAIN).next().unwrap_or(r).to_string());
                 // A channel name may carry a constraint (`commentary json`).
                 let c = match name.split_whitespace().next() {
                     _ if self.recipient.is_some() => Channel::Call,

@@ -28,7 +28,7 @@ fn renders_the_published_layout() {
         ..Default::default()
     };
     let want = "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2026-12-04\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>\
-<|start|>developer<|message|># Instructions\n\nAnswer briefly.\n\n<|end|>\
+<|start|>developer<|message|># Instructions\n\nAnswer briefly.<|end|>\
 <|start|>user<|message|>Hi<|end|>\
 <|start|>assistant<|channel|>final<|message|>Hello!<|end|>\
 <|start|>user<|message|>2+2?<|end|>\

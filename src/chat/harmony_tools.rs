@@ -1,18 +1,21 @@
-//! Harmony's tool form (gpt-oss), as the published chat template writes it: the declared
-//! functions as a TypeScript namespace in the developer message (`namespace functions { …
-//! type name = (_: { … }) => any; … }`), an assistant's call as
-//! `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{args}<|call|>`,
-//! and a tool's result as `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>
-//! "…"<|end|>` (its text as a JSON string). Owns the tool rendering; the reply side (a
-//! `commentary` body addressed `to=functions.NAME`, ended by `<|call|>`) is `HarmonySplitter`'s.
+//! Harmony's tool form (gpt-oss), as OpenAI's renderer (openai-harmony) writes it and
+//! scripts/harmony_check.py compares token for token: the declared functions as a TypeScript
+//! namespace in the developer message (`namespace functions { … type name = (_: { … }) =>
+//! any; … }`), an assistant's call as `<|start|>assistant to=functions.NAME<|channel|>commentary
+//! <|constrain|>json<|message|>{args}<|call|>`, and a tool's result as
+//! `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>…<|end|>` (its text as
+//! sent). Each header piece is its own segment, tokenized alone as harmony's renderer does.
+//! Owns the tool rendering; the reply side (a `commentary` body addressed `to=functions.NAME`,
+//! ended by `<|call|>`) is `HarmonySplitter`'s.
 
 use serde_json::Value;
 
-use super::harmony::{control, text, CALL, CHANNEL, END, MESSAGE, START};
+use super::harmony::{control, text, CALL, CHANNEL, CONSTRAIN, END, MESSAGE, START};
 use super::{Message, Segment};
 use crate::{Error, Result};
 
-/// The `# Tools` section declaring the OpenAI-style `tools` array.
+/// The `# Tools` section declaring the OpenAI-style `tools` array (each function's
+/// description a `//` line per line, its parameters as `harmony_schema` writes them).
 pub fn tools_section(tools: &Value) -> Result<String> {
     let list = tools
         .as_array()
@@ -24,121 +27,31 @@ pub fn tools_section(tools: &Value) -> Result<String> {
             .get("name")
             .and_then(Value::as_str)
             .ok_or_else(|| Error::Msg("a tool has no function name".into()))?;
-        if let Some(d) = f.get("description").and_then(Value::as_str) {
-            out.push_str(&format!("// {d}\n"));
-        }
-        out.push_str(&format!("type {name} = "));
-        let params = f.get("parameters");
-        match params
-            .and_then(|p| p.get("properties"))
-            .and_then(Value::as_object)
+        for line in f
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .lines()
         {
-            Some(props) if !props.is_empty() => {
-                let required = required(params);
-                out.push_str("(_: {\n");
-                for (k, spec) in props {
-                    out.push_str(&field(k, spec, &required));
-                }
-                out.push_str("}) => any;\n\n");
-            }
-            _ => out.push_str("() => any;\n\n"),
+            out.push_str(&format!("// {line}\n"));
+        }
+        match f.get("parameters").filter(|p| !p.is_null()) {
+            Some(p) => out.push_str(&format!(
+                "type {name} = (_: {}) => any;\n\n",
+                super::harmony_schema::ts_type(p, "")
+            )),
+            None => out.push_str(&format!("type {name} = () => any;\n\n")),
         }
     }
     out.push_str("} // namespace functions");
     Ok(out)
 }
 
-fn required(params: Option<&Value>) -> Vec<String> {
-    params
-        .and_then(|p| p.get("required"))
-        .and_then(Value::as_array)
-        .map(|r| {
-            r.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// One property line (with its description as a comment, `?` when optional, and the default).
-fn field(name: &str, spec: &Value, required: &[String]) -> String {
-    let mut out = String::new();
-    if let Some(d) = spec.get("description").and_then(Value::as_str) {
-        out.push_str(&format!("// {d}\n"));
-    }
-    let opt = if required.iter().any(|r| r == name) {
-        ""
-    } else {
-        "?"
-    };
-    out.push_str(&format!("{name}{opt}: {}", ts_type(spec)));
-    if let Some(d) = spec.get("default") {
-        out.push_str(&format!(", // default: {}", default_text(d, spec)));
-        out.push('\n');
-    } else {
-        out.push_str(",\n");
-    }
-    out
-}
-
-fn default_text(d: &Value, spec: &Value) -> String {
-    match (d, spec.get("enum")) {
-        (Value::String(s), Some(_)) => s.clone(),
-        _ => d.to_string(),
-    }
-}
-
-/// A JSON Schema as a TypeScript type (strings with an enum as a union of literals, integers as
-/// numbers, arrays of their item type, nested objects inline, unions with `|`).
-pub fn ts_type(spec: &Value) -> String {
-    if let Some(e) = spec.get("enum").and_then(Value::as_array) {
-        return e
-            .iter()
-            .map(Value::to_string)
-            .collect::<Vec<_>>()
-            .join(" | ");
-    }
-    if let Some(any) = spec
-        .get("anyOf")
-        .or_else(|| spec.get("oneOf"))
-        .and_then(Value::as_array)
-    {
-        return any.iter().map(ts_type).collect::<Vec<_>>().join(" | ");
-    }
-    let one = |t: &str| match t {
-        "string" => "string".to_string(),
-        "number" | "integer" => "number".to_string(),
-        "boolean" => "boolean".to_string(),
-        "null" => "null".to_string(),
-        "array" => match spec.get("items") {
-            Some(i) => format!("{}[]", ts_type(i)),
-            None => "any[]".to_string(),
-        },
-        "object" => match spec.get("properties").and_then(Value::as_object) {
-            Some(p) if !p.is_empty() => {
-                let req = required(Some(spec));
-                let body: String = p.iter().map(|(k, s)| field(k, s, &req)).collect();
-                format!("{{\n{body}}}")
-            }
-            _ => "object".to_string(),
-        },
-        _ => "any".to_string(),
-    };
-    match spec.get("type") {
-        Some(Value::String(t)) => one(t),
-        Some(Value::Array(ts)) => ts
-            .iter()
-            .filter_map(Value::as_str)
-            .map(one)
-            .collect::<Vec<_>>()
-            .join(" | "),
-        _ => "any".to_string(),
-    }
-}
-
-/// An assistant message with calls: its text (if any) as analysis, then one call message each.
-pub fn render_calls(out: &mut Vec<Segment>, m: &Message) {
-    if !m.content.is_empty() {
+/// An assistant message with calls: its text (if any) as analysis unless `drop_analysis`
+/// (harmony drops the reasoning of a turn that ended in a final answer), then one call
+/// message each.
+pub fn render_calls(out: &mut Vec<Segment>, m: &Message, drop_analysis: bool) {
+    if !m.content.is_empty() && !drop_analysis {
         control(out, START);
         text(out, "assistant");
         control(out, CHANNEL);
@@ -149,9 +62,13 @@ pub fn render_calls(out: &mut Vec<Segment>, m: &Message) {
     }
     for c in &m.tool_calls {
         control(out, START);
-        text(out, &format!("assistant to=functions.{}", c.name));
+        text(out, "assistant");
+        text(out, &format!(" to=functions.{}", c.name));
         control(out, CHANNEL);
-        text(out, "commentary json");
+        text(out, "commentary");
+        text(out, " ");
+        control(out, CONSTRAIN);
+        text(out, "json");
         control(out, MESSAGE);
         text(out, &c.arguments);
         control(out, CALL);
@@ -161,11 +78,12 @@ pub fn render_calls(out: &mut Vec<Segment>, m: &Message) {
 /// A tool's result addressed back to the assistant (`name`: the function it answers).
 pub fn render_result(out: &mut Vec<Segment>, name: &str, content: &str) {
     control(out, START);
-    text(out, &format!("functions.{name} to=assistant"));
+    text(out, &format!("functions.{name}"));
+    text(out, " to=assistant");
     control(out, CHANNEL);
     text(out, "commentary");
     control(out, MESSAGE);
-    text(out, &Value::String(content.to_string()).to_string());
+    text(out, content);
     control(out, END);
 }
 
@@ -199,20 +117,18 @@ mod tests {
         ])
     }
 
-    /// The developer message of harmony's published tool example, character for character,
-    /// but for the order of each function's properties: the request's JSON is held as a sorted
-    /// map (the crate's JSON schema machine relies on it), so `format` comes before `location`
-    /// where the example, keeping the written order, has it after.
+    /// The developer message of harmony's published tool example, character for character
+    /// (properties in the order the request declares them).
     #[test]
     fn tools_render_as_the_published_example() {
         let want = "# Tools\n\n## functions\n\nnamespace functions {\n\n\
 // Gets the location of the user.\ntype get_location = () => any;\n\n\
 // Gets the current weather in the provided location.\ntype get_current_weather = (_: {\n\
-format?: \"celsius\" | \"fahrenheit\", // default: celsius\n\
-// The city and state, e.g. San Francisco, CA\nlocation: string,\n}) => any;\n\n\
+// The city and state, e.g. San Francisco, CA\nlocation: string,\n\
+format?: \"celsius\" | \"fahrenheit\", // default: celsius\n}) => any;\n\n\
 // Gets the current weather in the provided list of locations.\ntype get_multiple_weathers = (_: {\n\
-format?: \"celsius\" | \"fahrenheit\", // default: celsius\n\
 // List of city and state, e.g. [\"San Francisco, CA\", \"New York, NY\"]\nlocations: string[],\n\
+format?: \"celsius\" | \"fahrenheit\", // default: celsius\n\
 }) => any;\n\n\
 } // namespace functions";
         assert_eq!(tools_section(&weather_tools()).unwrap(), want);
@@ -220,9 +136,10 @@ format?: \"celsius\" | \"fahrenheit\", // default: celsius\n\
 
     use crate::chat::segments_text as flat;
 
+    /// openai-harmony's forms (scripts/harmony_check.py compares whole prompts with it).
     #[test]
-    fn a_call_and_its_result_render_in_the_template_form() {
-        let mut asst = Message::new("assistant", "");
+    fn a_call_and_its_result_render_in_harmony_form() {
+        let mut asst = Message::new("assistant", "Need the weather.");
         asst.tool_calls = vec![ToolCall {
             id: "call_1".into(),
             name: "get_current_weather".into(),
@@ -246,8 +163,20 @@ format?: \"celsius\" | \"fahrenheit\", // default: celsius\n\
             s.contains("<|start|>developer<|message|># Tools\n\n## functions"),
             "{s}"
         );
-        assert!(s.contains("<|start|>assistant to=functions.get_current_weather<|channel|>commentary json<|message|>{\"location\":\"Tokyo\"}<|call|>"), "{s}");
-        assert!(s.ends_with("<|start|>functions.get_current_weather to=assistant<|channel|>commentary<|message|>\"{\\\"temp\\\": 20}\"<|end|><|start|>assistant"), "{s}");
+        assert!(s.contains("<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_current_weather<|channel|>commentary <|constrain|>json<|message|>{\"location\":\"Tokyo\"}<|call|>"), "{s}");
+        assert!(s.ends_with("<|start|>functions.get_current_weather to=assistant<|channel|>commentary<|message|>{\"temp\": 20}<|end|><|start|>assistant"), "{s}");
+        // Once the turn ended in a final answer, its reasoning is dropped; the call stays.
+        let mut done = msgs.clone();
+        done.extend([
+            Message::new("assistant", "20 degrees."),
+            Message::new("user", "Thanks"),
+        ]);
+        let s = flat(&render(&done, &opts).unwrap());
+        assert!(!s.contains("Need the weather."), "{s}");
+        assert!(
+            s.contains("<|call|><|start|>functions.get_current_weather"),
+            "{s}"
+        );
     }
 
     /// A call in either header placement (`to=` after the role or after the channel) ends as
@@ -263,6 +192,8 @@ format?: \"celsius\" | \"fahrenheit\", // default: celsius\n\
             "{\"location\":",
             "\"Tokyo\"}",
             "commentary to=functions.get_location",
+            "<|constrain|>",
+            "json",
         ];
         let ids = HarmonyIds {
             start: 1000,
@@ -295,6 +226,13 @@ format?: \"celsius\" | \"fahrenheit\", // default: celsius\n\
         use super::super::harmony::Channel;
         assert_eq!(bodies[3], Some(Channel::Other), "a preamble is not a call");
         assert_eq!(bodies[10], Some(Channel::Call));
+        assert_eq!(s.take_call().as_deref(), Some("get_location"));
+        // `<|constrain|>json` right after the recipient, with no space.
+        let mut s = HarmonySplitter::new(ids, decode);
+        for id in [1003, 6, 7, 8, 1001, 4] {
+            s.push(id);
+        }
+        s.push(1005);
         assert_eq!(s.take_call().as_deref(), Some("get_location"));
     }
 }

@@ -7,8 +7,8 @@
 //! `$defs` / `definitions` (recursion included). Annotations (`title`, `description`,
 //! `format`, ...) are accepted and not enforced (`format` is an annotation in JSON Schema
 //! 2020-12). Any other keyword is refused by name, never silently ignored. Objects are written
-//! with their declared properties in declared order (every required one, optional ones may be
-//! left out) and no others: every reply the walk allows is valid against the schema.
+//! with their declared properties in name order, as the schema is shown to the model (every
+//! required one, optional ones may be left out) and no others: every reply the walk allows is valid against the schema.
 
 use serde_json::Value;
 use std::collections::HashMap;
@@ -383,6 +383,10 @@ impl<'a> Compiler<'a> {
             ));
         }
         let mut out = Vec::new();
+        // Keys in name order, as the schema is shown to the model (requests keep their order:
+        // harmony's tool rendering needs it).
+        let mut props: Vec<(&String, &Value)> = props.iter().collect();
+        props.sort_by(|a, b| a.0.cmp(b.0));
         for (k, s) in props {
             let node = self.add(s, &format!("{at}/properties/{k}"))?;
             out.push(Prop {

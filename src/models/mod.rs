@@ -36,6 +36,14 @@ impl ModelKind {
         })
     }
 
+    /// The chat format the family's checkpoints speak.
+    pub fn chat_format(self) -> crate::chat::ChatFormat {
+        match self {
+            ModelKind::K3 => crate::chat::ChatFormat::Xtml,
+            ModelKind::GptOss => crate::chat::ChatFormat::Harmony,
+        }
+    }
+
     /// The files `setup` fetches besides the shards and config.json: `(name, required)`.
     pub fn metadata_files(self) -> &'static [(&'static str, bool)] {
         match self {

@@ -18,8 +18,7 @@ use super::sse::{collect, sse, ChunkFn, LogprobFn};
 use super::validate::{self, ApiError, JsonFormat, Sampling};
 use super::{error, tools, AppState};
 use crate::chat::{
-    encode_marked, token_table, ChatFormat, ChatOptions, Delta, Effort, JsonMask, JsonReply,
-    ToolChoice, ToolForcer,
+    encode_marked, token_table, ChatFormat, Delta, JsonMask, JsonReply, ToolChoice, ToolForcer,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -138,15 +137,16 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         Ok(r) => r,
         Err(e) => return error(e),
     };
-    let effort = if req.thinking {
-        match Effort::resolve(req.effort.as_deref(), st.cfg.default_effort.as_deref()) {
-            Ok(e) => Some(e),
-            Err(e) => return error(ApiError::bad("reasoning_effort", e.to_string())),
-        }
-    } else {
-        None
-    };
     let format = st.engine.chat_format();
+    let opts = match super::prompt::chat_options(
+        &req,
+        format,
+        st.cfg.default_effort.as_deref(),
+        st.cfg.date.clone(),
+    ) {
+        Ok(o) => o,
+        Err(e) => return error(e),
+    };
     // Harmony (gpt-oss) renders tools and parses calls; forcing a call and the JSON masks
     // are XTML's so far.
     let forced = matches!(
@@ -173,21 +173,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             kind: "server_error",
         });
     }
-    let (segs, seg_marks) = match format.render(
-        &req.messages,
-        &ChatOptions {
-            thinking: req.thinking,
-            effort,
-            tools: req.tools.tools.clone(),
-            tool_choice: req.tools.choice.clone(),
-            parallel_tool_calls: req.tools.parallel,
-            response_schema: match &req.json {
-                Some(JsonFormat::Schema(_, v)) => Some(v.clone()),
-                _ => None,
-            },
-            date: st.cfg.date.clone(),
-        },
-    ) {
+    let (segs, seg_marks) = match format.render(&req.messages, &opts) {
         Ok(s) => s,
         Err(e) => return error(ApiError::bad("messages", e.to_string())),
     };

@@ -42,7 +42,8 @@ fn text_content(v: &Value, field: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Validates `messages`: a non-empty list of system, user, assistant and tool messages.
+/// Validates `messages`: a non-empty list of system (or developer), user, assistant and tool
+/// messages.
 pub(super) fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     let msgs = m
         .get("messages")
@@ -75,12 +76,15 @@ pub(super) fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError>
             .get("role")
             .and_then(|r| r.as_str())
             .ok_or_else(|| ApiError::bad(&format!("{f}.role"), "missing role"))?;
-        if !["system", "user", "assistant", "tool"].contains(&role) {
+        if !["system", "developer", "user", "assistant", "tool"].contains(&role) {
             return Err(ApiError::bad(
                 &format!("{f}.role"),
                 format!("role `{role}` is not supported"),
             ));
         }
+        // OpenAI's newer name for the system message; K3 has only `system`, and harmony reads
+        // a leading system or developer message alike (its developer instructions).
+        let role = if role == "developer" { "system" } else { role };
         let mut msg = Message::new(
             role,
             &text_content(

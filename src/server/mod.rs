@@ -7,13 +7,15 @@
 //! token. Files: `handlers` (the endpoints), `queue` (admission and the hand-off to the
 //! scheduler), `sse` (streamed and collected responses), `stop` (stop sequences on the text),
 //! `ops` (API key, `/health`, `/metrics`, the loading router), `tools` (tool calls on the
-//! wire), `validate` and `messages` (request bodies).
+//! wire), `validate` and `messages` (request bodies), `prompt` (a request to the rendered
+//! prompt, shared with `deltafin render`).
 //! This file holds the settings, the shared state and the router.
 
 mod handlers;
 pub mod logprobs;
 mod messages;
 mod ops;
+pub mod prompt;
 mod queue;
 mod sse;
 pub mod stop;

@@ -9,6 +9,7 @@ mod fixture;
 pub mod install;
 pub mod logits;
 pub mod prompt_cache;
+mod render;
 pub mod run;
 pub mod run_gpt_oss;
 mod serve;
@@ -74,6 +75,9 @@ pub enum Command {
     /// Print every prompt position's logits, the routes and a greedy continuation as JSON (for
     /// checks against another implementation).
     Logits(logits::LogitsArgs),
+    /// Print the prompt ids `serve` would feed for chat request bodies (JSON lines), rendered
+    /// in the model's chat format with its tokenizer (no weights are loaded).
+    Render(render::RenderArgs),
     /// Check this machine and (with --model-root) an installed model: ok / warn / FAIL lines.
     Doctor(doctor::DoctorArgs),
     /// Convert the spine to row-int8 (resumable; the model then uses it automatically).
@@ -151,6 +155,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(a) => run::run(&a)?,
         Command::Logits(a) => logits::run(&a)?,
+        Command::Render(a) => render::run(&a)?,
         Command::Doctor(a) => doctor::run(&a)?,
         Command::Serve(a) => serve::serve(&a)?,
         Command::Setup(a) => install::run_setup(&a)?,

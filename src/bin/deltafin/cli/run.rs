@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use deltafin::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Effort, Message};
+use deltafin::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Message};
 use deltafin::generate::argmax;
 use deltafin::model::{ExpertReuse, LayerProfile, RouterTrace};
 use deltafin::progress::{PrefillProgress, ProgressMode};
@@ -174,7 +174,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let prompt_ids: Vec<u32> = match (&a.prompt, &tok) {
         (Some(p), Some(t)) if a.chat => {
             let effort = if thinking {
-                Some(Effort::resolve(
+                Some(deltafin::chat::ChatFormat::Xtml.effort(
                     a.effort.as_deref(),
                     std::env::var("K3_REASONING_EFFORT").ok().as_deref(),
                 )?)

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use deltafin::chat::{encode_marked, ChatOptions, Effort, Message};
+use deltafin::chat::{encode_marked, ChatOptions, Message};
 use deltafin::generate::{argmax, GenerateOptions};
 use deltafin::progress::{PrefillProgress, ProgressMode};
 
@@ -23,10 +23,10 @@ pub fn run(a: &RunArgs, root: &Path) -> anyhow::Result<()> {
             .observe(Arc::new(PrefillProgress::new(ProgressMode::Terminal)));
     }
     let chat = ChatOptions {
-        effort: match a.effort.as_deref() {
-            None | Some("medium") => None,
-            Some(e) => Some(Effort::parse(e)?),
-        },
+        effort: Some(engine.chat_format().effort(
+            a.effort.as_deref(),
+            std::env::var("K3_REASONING_EFFORT").ok().as_deref(),
+        )?),
         date: Some(today()),
         ..Default::default()
     };
