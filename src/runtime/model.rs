@@ -64,6 +64,25 @@ pub struct BatchItem<'a> {
     pub undo: bool,
 }
 
+/// Checks every item of a batch with `check` (the model's input rules) and refuses one longer
+/// than a pass (`most` positions).
+pub fn check_batch(
+    items: &[BatchItem<'_>],
+    most: usize,
+    check: impl Fn(&[u32], &SeqState) -> crate::Result<()>,
+) -> crate::Result<()> {
+    for it in items {
+        check(it.ids, it.state)?;
+        if it.ids.len() > most {
+            return Err(crate::Error::Msg(format!(
+                "a batched item holds {} positions; a pass holds at most {most}",
+                it.ids.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A causal language model the runtime can drive.
 pub trait Model: Send + Sync {
     /// A fresh, empty sequence state.

@@ -1,13 +1,15 @@
 //! gpt-oss as the runtime's `Model`: `run` feeds positions in plan-sized passes (one pass with
 //! an undo record for a verify pass: keeping a prefix truncates the key/value caches), honours
 //! a cancel flag between layers (rewinding the state), and returns logits as Candle tensors.
-//! `run_batch` runs each item as its own `run` (bit-identical to alone by construction; a
-//! batch shares no expert reads yet). Owns the mapping; the math is `model.rs`'s.
+//! `run_batch` is one pass over every item's rows (`pass.rs`: each selected expert and dense
+//! matrix read once for the batch; each item bit-identical to alone). Owns the mapping; the
+//! math is `model.rs`'s.
 
 use std::sync::Arc;
 
 use candle::{Device, Tensor};
 
+use super::pass::PassSeq;
 use super::GptOssModel;
 use crate::chat::ChatFormat;
 use crate::experts::ExpertStats;
@@ -38,6 +40,56 @@ impl GptOssModel {
             if let Some(m) = mark {
                 state.rewind(m);
             }
+        }
+        Ok(out)
+    }
+
+    /// One pass over the rows of every item; each item's logits (`[V]` for `Logits::Last`,
+    /// `[T, V]` otherwise) and, for an `undo` item, its rollback. Not cancellable.
+    fn run_batch_pass(
+        &self,
+        items: &mut [BatchItem<'_>],
+        observer: Option<&dyn Observer>,
+    ) -> Result<Vec<Output>> {
+        crate::runtime::model::check_batch(items, self.pass_len(), |i, s| self.check_input(i, s))?;
+        // (position before, cache rows before, rows, whether only the last row is wanted).
+        let shape: Vec<_> = items
+            .iter()
+            .map(|it| {
+                let last = !it.undo && it.logits == Logits::Last;
+                (it.state.pos, row_lens(it.state), it.ids.len(), last)
+            })
+            .collect();
+        let mut seqs: Vec<PassSeq> = items
+            .iter_mut()
+            .map(|it| PassSeq {
+                ids: it.ids,
+                state: &mut *it.state,
+            })
+            .collect();
+        let x = match observer {
+            Some(o) => self.hidden_seqs(&mut seqs, &Both(self.observers(), o), None, None)?,
+            None => self.hidden_seqs(&mut seqs, self.observers(), None, None)?,
+        }
+        .ok_or_else(|| Error::Msg("a batched pass was cancelled".into()))?;
+        // The wanted rows of every item through one lm_head read.
+        let h = self.config().hidden_size;
+        let (mut wanted, mut at) = (Vec::new(), 0);
+        for &(_, _, n, last) in &shape {
+            let rows = &x[at * h..(at + n) * h];
+            wanted.extend_from_slice(if last { &rows[(n - 1) * h..] } else { rows });
+            at += n;
+        }
+        let vocab = self.config().vocab_size;
+        let mut logits = self.logits(&wanted, wanted.len() / h)?.into_iter();
+        let mut out = Vec::with_capacity(shape.len());
+        for (it, (pos, lens, n, last)) in items.iter().zip(shape) {
+            let take = if last { 1 } else { n };
+            let l: Vec<f32> = logits.by_ref().take(take * vocab).collect();
+            out.push(Output {
+                logits: self.tensor(l, (!last).then_some(n))?,
+                rollback: it.undo.then(|| Rollback::row_caches(pos, n, lens)),
+            });
         }
         Ok(out)
     }
@@ -113,23 +165,7 @@ impl Model for GptOssModel {
         items: &mut [BatchItem<'_>],
         observer: Option<&dyn Observer>,
     ) -> Result<Vec<Output>> {
-        for it in items.iter() {
-            self.check_input(it.ids, it.state)?;
-        }
-        let mut out = Vec::with_capacity(items.len());
-        for it in items.iter_mut() {
-            let f = Forward {
-                observer,
-                cancel: None,
-                logits: it.logits,
-                undo: it.undo,
-            };
-            out.push(
-                Model::run(self, it.ids, it.state, &f)?
-                    .ok_or_else(|| Error::Msg("a batched pass was cancelled".into()))?,
-            );
-        }
-        Ok(out)
+        self.run_batch_pass(items, observer)
     }
 
     fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()> {

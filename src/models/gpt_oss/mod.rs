@@ -1,6 +1,7 @@
 //! gpt-oss (OpenAI's 20b and 120b MoE models) on the runtime: its config (`config.rs`), YaRN
 //! rotary (`rope.rs`), attention with sinks and sliding windows (`attention.rs`), tensor names
-//! and expert network (`names.rs`), the model (`model.rs`) and a fixture writer in the hub's
+//! and expert network (`names.rs`), the model (`model.rs`; its layer loop over one or several
+//! sequences in `pass.rs`) and a fixture writer in the hub's
 //! exact format (`fixture.rs`). Shares no code with K3 beyond the runtime's public pieces
 //! (checkpoint inventory, expert index and store, MoE executor, dense kernels, `SeqState`).
 //!
@@ -40,6 +41,7 @@ pub mod fixture;
 mod fixture_tokenizer;
 pub mod model;
 pub mod names;
+mod pass;
 pub mod plan;
 pub mod rope;
 pub mod tokenizer;

@@ -23,9 +23,9 @@ use crate::runtime::row_cache::RowCache;
 use crate::runtime::state::{KvState, LayerState, SeqState};
 use crate::{Error, Result};
 
-use super::attention::attend;
 use super::config::GptOssConfig;
 use super::names;
+use super::pass::PassSeq;
 use super::plan::GptOssOptions;
 use super::rope::Rope;
 use super::weights::{load_layer, matrix, to_f32, vector, Layer, Linear, Stored};
@@ -234,9 +234,7 @@ impl GptOssModel {
         self.observers.clear();
     }
 
-    /// The final hidden rows `[T, hidden]` after the last layer (before the final norm), or
-    /// `None` when `cancel` was set between layers (the state then holds part of the pass:
-    /// the caller rewinds it). With `prefill`, each layer is reported as a step of it.
+    /// The final hidden rows `[T, hidden]` of one sequence (`hidden_seqs` with one).
     pub(super) fn hidden(
         &self,
         ids: &[u32],
@@ -245,38 +243,22 @@ impl GptOssModel {
         cancel: Option<&std::sync::atomic::AtomicBool>,
         prefill: Option<PrefillStep>,
     ) -> Result<Option<Vec<f32>>> {
-        self.check_input(ids, state)?;
-        if state.layers.len() != self.layers.len() {
-            return Err(Error::Msg(format!(
-                "a state of {} layers for a model of {}",
-                state.layers.len(),
-                self.layers.len()
-            )));
-        }
-        let mut x = self.embed_rows(ids)?;
-        let start = Event::PassStart {
-            first_pos: state.pos,
-            tokens: ids.len(),
-        };
-        obs.on(0, &start);
-        for (l, layer) in self.layers.iter().enumerate() {
-            if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed)) {
-                return Ok(None);
-            }
-            let LayerState::Kv(kv) = &mut state.layers[l] else {
-                return Err(Error::Msg(format!(
-                    "layer {l}: the state is not a gpt-oss key/value state"
-                )));
-            };
-            self.attention(layer, &mut x, &mut kv.cache, state.pos)?;
-            self.mlp(l, layer, &mut x, obs)?;
-            if let Some(step) = prefill {
-                step.report(obs, l, self.bytes_read());
-            }
-        }
-        state.pos += ids.len();
-        obs.on(self.layers.len(), &Event::PassEnd);
-        Ok(Some(x))
+        self.hidden_seqs(&mut [PassSeq { ids, state }], obs, cancel, prefill)
+    }
+
+    /// Layers.
+    pub(super) fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layer `l`'s weights.
+    pub(super) fn layer(&self, l: usize) -> &Layer {
+        &self.layers[l]
+    }
+
+    /// The rotary embedding.
+    pub(super) fn rope(&self) -> &Rope {
+        &self.rope
     }
 
     /// Refuses empty input, ids past the vocabulary and growth past the context limit (a
@@ -315,7 +297,7 @@ impl GptOssModel {
     }
 
     /// `x · Wᵀ + b` for `t` rows.
-    fn linear(&self, p: &Linear, x: &[f32], t: usize) -> Result<Vec<f32>> {
+    pub(super) fn linear(&self, p: &Linear, x: &[f32], t: usize) -> Result<Vec<f32>> {
         let mut y = vec![0f32; t * p.w.rows];
         gemm(&self.dense(&p.w)?, x, t, &mut y)?;
         for row in y.chunks_exact_mut(p.b.len()) {
@@ -324,7 +306,7 @@ impl GptOssModel {
         Ok(y)
     }
 
-    fn embed_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
+    pub(super) fn embed_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
         let h = self.cfg.hidden_size;
         let width = if self.embed.dtype == Dtype::F32 { 4 } else { 2 };
         let all = self.bytes(&self.embed);
@@ -339,39 +321,14 @@ impl GptOssModel {
             .collect())
     }
 
-    /// `x += o(attn(rope(q), rope(k), v))` over the cache, after the input norm.
-    fn attention(
+    /// `x += experts(post_norm(x))`, routed by the softmax over the top-k router logits.
+    pub(super) fn mlp(
         &self,
+        l: usize,
         layer: &Layer,
         x: &mut [f32],
-        cache: &mut RowCache,
-        first: usize,
+        obs: &dyn Observer,
     ) -> Result<()> {
-        let (h, s) = (self.cfg.hidden_size, layer.shape);
-        let t = x.len() / h;
-        let n = rms_norm(x, &layer.input_norm, self.cfg.rms_norm_eps as f32);
-        let mut q = self.linear(&layer.q, &n, t)?;
-        let k = self.linear(&layer.k, &n, t)?;
-        let v = self.linear(&layer.v, &n, t)?;
-        let (qd, kd) = (s.heads * s.d, s.kv_heads * s.d);
-        let mut rows = Vec::with_capacity(t * s.row_width());
-        for r in 0..t {
-            self.rope.apply(&mut q[r * qd..][..qd], first + r, s.d);
-            let mut kr = k[r * kd..][..kd].to_vec();
-            self.rope.apply(&mut kr, first + r, s.d);
-            rows.extend_from_slice(&kr);
-            rows.extend_from_slice(&v[r * kd..][..kd]);
-        }
-        cache.append(&rows);
-        let scale = 1.0 / (s.d as f32).sqrt();
-        let a = attend(&s, &q, cache.rows(), first, &layer.sinks, scale);
-        let o = self.linear(&layer.o, &a, t)?;
-        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-        Ok(())
-    }
-
-    /// `x += experts(post_norm(x))`, routed by the softmax over the top-k router logits.
-    fn mlp(&self, l: usize, layer: &Layer, x: &mut [f32], obs: &dyn Observer) -> Result<()> {
         let h = self.cfg.hidden_size;
         let t = x.len() / h;
         let n = rms_norm(x, &layer.post_norm, self.cfg.rms_norm_eps as f32);
@@ -404,7 +361,7 @@ impl GptOssModel {
 }
 
 /// `w · x / sqrt(mean(x²) + eps)` per row of `x`.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
     out.par_chunks_mut(w.len())
         .zip(x.par_chunks(w.len()))

@@ -24,16 +24,9 @@ impl K3Model {
         items: &mut [BatchItem<'_>],
         observer: Option<&dyn Observer>,
     ) -> Result<Vec<Output>> {
-        let most = self.options.pass_len();
-        for it in items.iter() {
-            self.check_input(it.ids, it.state)?;
-            if it.ids.len() > most {
-                return Err(Error::Msg(format!(
-                    "a batched item holds {} positions; a pass holds at most {most}",
-                    it.ids.len()
-                )));
-            }
-        }
+        crate::runtime::model::check_batch(items, self.options.pass_len(), |i, s| {
+            self.check_input(i, s)
+        })?;
         // (position before, rows, whether only the last row's logits are wanted) per item.
         let shape: Vec<(usize, usize, bool)> = items
             .iter()

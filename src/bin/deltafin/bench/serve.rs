@@ -209,15 +209,17 @@ pub fn serve_bench(
             prefill_tokens,
         },
     );
-    let r = e
+    // K3 streams spine layers; another family (gpt-oss) maps its dense weights: none streamed.
+    let (streamed, per_pass) = e
         .model()
         .downcast::<deltafin::K3Model>()
-        .ok_or_else(|| Error::Msg("bench serve needs a Kimi K3 checkpoint".into()))?
-        .spine()
-        .report();
+        .map_or((0, 0), |k| {
+            let r = k.spine().report();
+            (r.layers_streamed, r.bytes_read_per_token)
+        });
     emit(
-        serde_json::json!({"figure": "serve_setup", "spine_layers_streamed": r.layers_streamed,
-        "spine_bytes_read_per_pass": r.bytes_read_per_token, "cold": o.cold,
+        serde_json::json!({"figure": "serve_setup", "spine_layers_streamed": streamed,
+        "spine_bytes_read_per_pass": per_pass, "cold": o.cold,
         "prompt_len": o.prompt_len, "decode": o.decode, "batches": o.batches}),
     );
     let warm = ServeBenchOptions {
