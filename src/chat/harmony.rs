@@ -1,9 +1,10 @@
 //! OpenAI's harmony chat format (gpt-oss): rendering a conversation to segments, and splitting a
-//! reply into reasoning and content on token ids. Rendering, as the published chat template
-//! lays it out: a system block (identity, knowledge cutoff, the caller's date, reasoning
-//! effort, the valid channels), a developer block holding the first system/developer message
-//! under `# Instructions`, user turns, earlier assistant turns as `final`-channel messages (their
-//! reasoning dropped), and `<|start|>assistant` to generate. A reply is
+//! reply into reasoning and content on token ids. Rendering, as OpenAI's openai-harmony
+//! library lays it out (scripts/harmony_check.py compares the two token for token): a system
+//! block (identity, knowledge cutoff, the caller's date, reasoning effort, the valid channels),
+//! a developer block holding the first system/developer message under `# Instructions`, user
+//! turns, earlier assistant turns as `final`-channel messages (their reasoning dropped), and
+//! `<|start|>assistant` to generate. A reply is
 //! `<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…<|return|>`:
 //! the splitter reads headers (role, channel) between `<|start|>`/`<|channel|>` and
 //! `<|message|>`, bodies up to `<|end|>`, `<|return|>` or `<|call|>`, never matching text.
