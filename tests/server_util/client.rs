@@ -125,6 +125,7 @@ pub fn dechunk(s: &str) -> String {
     out
 }
 
+#[allow(dead_code)]
 pub fn sse_data(body: &str) -> Vec<String> {
     body.lines()
         .filter_map(|l| l.strip_prefix("data: "))
