@@ -1,12 +1,15 @@
 //! gpt-oss's batched pass (`Model::run_batch`, what the server's scheduler runs): one pass over
 //! several sequences' rows (a prefill, decode steps, a verify pass) gives each sequence the
 //! same logits, bit for bit, as running it alone, leaves each state as running alone would, and
-//! reads each selected expert once for the batch (fewer expert bytes than the items alone).
+//! reads each selected expert once for the batch: its expert bytes are exactly the distinct
+//! experts its rows route to, layer by layer, where the items alone read each item's own. Two
+//! checkpoint seeds (two routings, two shard splits).
 
 use deltafin::experts::TieredOptions;
 use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
 use deltafin::models::gpt_oss::GptOssModel;
 use deltafin::runtime::model::{BatchItem, Forward, Logits, Model};
+use deltafin::runtime::observe::RouteCollector;
 use deltafin::runtime::state::SeqState;
 
 /// Every expert read counted: no RAM tier, no prefetch.
@@ -72,23 +75,44 @@ fn setup(m: &GptOssModel) -> (Vec<SeqState>, Vec<Next>) {
     (states, next)
 }
 
+/// Distinct experts per layer in one call's routes, summed over the layers.
+fn distinct_experts(routes: &RouteCollector) -> usize {
+    let mut per_layer =
+        std::collections::BTreeMap::<usize, std::collections::BTreeSet<usize>>::new();
+    for (layer, rs) in routes.take() {
+        per_layer
+            .entry(layer)
+            .or_default()
+            .extend(rs.iter().flat_map(|r| r.experts.iter().copied()));
+    }
+    per_layer.values().map(|s| s.len()).sum()
+}
+
 #[test]
 fn a_batched_pass_equals_each_sequence_alone_and_shares_expert_reads() {
+    for (seed, shards) in [(5, 2), (11, 1)] {
+        batched_equals_alone(seed, shards);
+    }
+}
+
+fn batched_equals_alone(seed: u64, shards: usize) {
     let d = tempfile::tempdir().unwrap();
-    write_gpt_oss(d.path(), &GptOssShape::tiny(), 5, 2).unwrap();
+    write_gpt_oss(d.path(), &GptOssShape::tiny(), seed, shards).unwrap();
+    let routes = RouteCollector::default();
     // Alone.
     let m = open(d.path());
     let (mut alone_states, next) = setup(&m);
     let before = m.bytes_read();
-    let mut alone = Vec::new();
+    let (mut alone, mut alone_distinct) = (Vec::new(), 0);
     for (s, (ids, logits, undo)) in alone_states.iter_mut().zip(&next) {
         let f = Forward {
-            observer: None,
+            observer: Some(&routes),
             cancel: None,
             logits: *logits,
             undo: *undo,
         };
         alone.push(Model::run(&m, ids, s, &f).unwrap().unwrap());
+        alone_distinct += distinct_experts(&routes);
     }
     let alone_bytes = m.bytes_read() - before;
     // Batched, on a fresh model with the same histories.
@@ -105,8 +129,9 @@ fn a_batched_pass_equals_each_sequence_alone_and_shares_expert_reads() {
             undo: *undo,
         })
         .collect();
-    let out = Model::run_batch(&m, &mut items, None).unwrap();
+    let out = Model::run_batch(&m, &mut items, Some(&routes)).unwrap();
     let batch_bytes = m.bytes_read() - before;
+    let batch_distinct = distinct_experts(&routes);
     assert_eq!(out.len(), 3);
     for (i, (a, b)) in alone.iter().zip(&out).enumerate() {
         assert_eq!(a.logits.dims(), b.logits.dims(), "item {i}");
@@ -128,10 +153,19 @@ fn a_batched_pass_equals_each_sequence_alone_and_shares_expert_reads() {
         let lb = Model::run(&m, &[9], b, &f).unwrap().unwrap();
         same_bits(&la.logits, &lb.logits, &format!("item {i}, next step"));
     }
-    // Each distinct expert once per layer for the batch.
-    assert!(
-        batch_bytes < alone_bytes,
-        "batch read {batch_bytes} expert bytes, alone {alone_bytes}"
+    // Each distinct expert once per layer for the batch: the bytes are the distinct experts
+    // times one expert's bytes, the same expert size as alone's reads give.
+    assert!(batch_distinct < alone_distinct, "seed {seed}");
+    assert_eq!(alone_bytes % alone_distinct as u64, 0, "seed {seed}");
+    let expert = alone_bytes / alone_distinct as u64;
+    assert_eq!(
+        batch_bytes,
+        expert * batch_distinct as u64,
+        "seed {seed}: batch read {batch_bytes} expert bytes for {batch_distinct} distinct \
+         experts of {expert} bytes (alone {alone_bytes} for {alone_distinct})"
     );
-    println!("expert bytes: batch {batch_bytes}, alone {alone_bytes}");
+    println!(
+        "seed {seed}: expert bytes batch {batch_bytes} ({batch_distinct} distinct), alone \
+         {alone_bytes} ({alone_distinct})"
+    );
 }

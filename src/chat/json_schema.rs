@@ -8,7 +8,8 @@
 //! `format`, ...) are accepted and not enforced (`format` is an annotation in JSON Schema
 //! 2020-12). Any other keyword is refused by name, never silently ignored. Objects are written
 //! with their declared properties in name order, as the schema is shown to the model (every
-//! required one, optional ones may be left out) and no others: every reply the walk allows is valid against the schema.
+//! required one, optional ones may be left out) and no others: every reply the walk allows is
+//! valid against the schema.
 
 use serde_json::Value;
 use std::collections::HashMap;

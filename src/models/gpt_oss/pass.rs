@@ -4,7 +4,7 @@
 //! attention runs per sequence over its own key/value cache at its own positions. Every op
 //! computes a row the same way whatever else is in the pass (the dense kernels agree bit for
 //! bit across row counts, norms and the MoE work per row), so a sequence's rows are
-//! bit-identical to running it alone (tests/gpt_oss_engine.rs). Owns the layer loop; the
+//! bit-identical to running it alone (tests/gpt_oss_batch.rs). Owns the layer loop; the
 //! weights and kernels are `model.rs`'s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
