@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use deltafin::chat::{ChatOptions, Delta, Message};
-use deltafin::engine::CacheRam;
+use deltafin::engine::prompt_cache::PromptCacheOptions;
 use deltafin::progress::{PrefillProgress, ProgressMode};
-use deltafin::runtime::prompt_cache::PromptCacheOptions;
+use deltafin::runtime::load::CacheRam;
 use deltafin::{Engine, EngineOptions, GenerateOptions, Session};
 
 fn model_root(arg: Option<String>) -> anyhow::Result<PathBuf> {
@@ -43,7 +43,7 @@ fn main() -> anyhow::Result<()> {
     // 16 of 20 replies ran to the limit greedily, none at 0.8; see README).
     let (mut temperature, mut seed) = (0.8f64, 0u64);
     // Speculative decoding (auto by default): the replies are the same either way.
-    let mut speculation = deltafin::generate::Speculation::default();
+    let mut speculation = deltafin::runtime::generate::Speculation::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -87,7 +87,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let root = model_root(root_arg)?;
-    let mut sampler = deltafin::generate::sample::Sampler::new(temperature, 0.95, seed);
+    let mut sampler = deltafin::runtime::generate::sample::Sampler::new(temperature, 0.95, seed);
     // Metal when built with `--features metal` on a Mac, else the CPU; under the memory plan
     // (printed first): what is pinned, the RAM tier, the context limit.
     let mut opts = EngineOptions::default();

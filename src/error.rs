@@ -90,6 +90,17 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// config.json names a `model_type` no registered family runs.
+    #[error("{path}: model_type {found} is not a family this build runs (known: {known}); check that the directory holds the model you meant, or add the family under src/models/")]
+    UnknownFamily {
+        /// The config.json read.
+        path: PathBuf,
+        /// The value found (quoted), or `missing`.
+        found: String,
+        /// The model types the registered families accept.
+        known: String,
+    },
+
     /// Anything else, described in words.
     #[error("{0}")]
     Msg(String),
@@ -104,6 +115,15 @@ impl Error {
         Error::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    /// `Ok` when `ok`, else a config error naming `field` (every family's config rules use it).
+    pub fn rule(ok: bool, field: &str, msg: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::config(field, msg()))
         }
     }
 

@@ -31,7 +31,7 @@
 //!         &[Message::new("user", question)],
 //!         &opts,
 //!         &cancel,
-//!         &mut |logits: &[f32]| deltafin::generate::argmax(logits),
+//!         &mut |logits: &[f32]| deltafin::runtime::generate::argmax(logits),
 //!         |delta| if let Delta::Content(text) = delta { print!("{text}") },
 //!     )?;
 //!     println!("\n({} tokens fed, {} generated)", turn.generation.prompt_ids.len(),
@@ -47,49 +47,44 @@ pub mod assets;
 pub mod chat;
 pub mod checkpoint;
 pub mod compute;
-pub mod config;
+pub mod engine;
 pub mod error;
 pub mod eval;
 pub mod experts;
 pub mod fsio;
 pub mod hub;
 pub mod install;
+pub mod installed;
 pub mod kernels;
 pub mod models;
 pub mod moe;
 pub mod mxfp4;
 pub mod progress;
 pub mod runtime;
+#[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "metal")]
 mod shaders;
 pub mod spine;
 pub mod tokenizer;
-/// K3-tiny's trainer, under its earlier path (it lives in `models::k3::train`).
-pub use models::k3::train;
 
-pub use config::K3Config;
+// The front door, at the root: what the README's library example uses.
 pub use engine::{ChatTurn, Engine, EngineOptions, Session, SessionSnapshot};
 pub use error::{Error, Result};
 pub use experts::ExpertProvider;
-pub use generate::{GenerateOptions, Generation, Generator, StopReason};
-/// K3, the first model (`models::k3`), under its earlier path.
-pub use models::k3 as model;
-pub use models::k3::{K3Model, SeqState};
+pub use runtime::generate::{GenerateOptions, Generation, Generator, StopReason};
 pub use runtime::model::Model;
-pub use runtime::{engine, generate, memory};
-pub use spine::source::Spine;
 
 /// Process set-up for the binaries, the chat example and anything that runs a model: the
 /// thread count (`init_threads`) and an allocator that returns large buffers to the OS
-/// (`memory::bound_allocator`). `threads_set`: whether the caller's environment already sets
+/// (`runtime::memory::bound_allocator`). `threads_set`: whether the caller's environment already sets
 /// `RAYON_NUM_THREADS` (the library reads no environment). Call it first thing in `main`,
 /// before any thread starts.
 pub fn init(threads_set: bool) {
     if !threads_set {
         init_threads();
     }
-    memory::bound_allocator();
+    runtime::memory::bound_allocator();
 }
 
 /// Pins Candle's and rayon's thread count (`RAYON_NUM_THREADS`) to the available parallelism.

@@ -1,24 +1,130 @@
-//! User-facing progress: byte-count bars (hidden automatically when stderr is not a terminal)
-//! and `PrefillProgress`, the observer that shows where a long prefill is. Owns no model state.
+//! User-facing progress: bars (`Bar`: indicatif's with the `progress` feature, hidden
+//! automatically when stderr is not a terminal; without the feature a counter that draws
+//! nothing) and `PrefillProgress`, the observer that shows where a long prefill is. Owns no
+//! model state.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use crate::runtime::observe::{Event, Observer, PrefillStep};
 
-use crate::models::k3::{Event, Observer, PrefillStep};
+/// A progress bar: indicatif's with the `progress` feature; without it, a position counter
+/// that draws nothing (`is_hidden` is true, so callers print their occasional lines instead).
+pub struct Bar {
+    #[cfg(feature = "progress")]
+    bar: indicatif::ProgressBar,
+    #[cfg(not(feature = "progress"))]
+    pos: std::sync::atomic::AtomicU64,
+}
 
-/// A byte-count progress bar with a message.
-pub fn bytes_bar(total: u64, msg: &str) -> ProgressBar {
-    let pb = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(
-        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    pb.set_style(style);
-    pb.set_message(msg.to_string());
-    pb
+impl Bar {
+    /// A bar to `total` drawn with an indicatif `template` (`{bar}`, `{pos}`, `{len}`, `{msg}`,
+    /// `{eta}`, `{bytes}` ...); `shown` false keeps it hidden even on a terminal.
+    pub fn new(total: u64, template: &str, shown: bool) -> Bar {
+        #[cfg(feature = "progress")]
+        {
+            let bar = match shown {
+                true => indicatif::ProgressBar::new(total),
+                false => indicatif::ProgressBar::hidden(),
+            };
+            let style = indicatif::ProgressStyle::with_template(template)
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            bar.set_style(style);
+            Bar { bar }
+        }
+        #[cfg(not(feature = "progress"))]
+        {
+            let _ = (total, template, shown);
+            Bar {
+                pos: Default::default(),
+            }
+        }
+    }
+
+    /// A byte-count bar with a message.
+    pub fn bytes(total: u64, msg: &str) -> Bar {
+        let b = Bar::new(
+            total,
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            true,
+        );
+        b.set_message(msg.to_string());
+        b
+    }
+
+    /// Moves the bar to `pos`.
+    pub fn set_position(&self, pos: u64) {
+        #[cfg(feature = "progress")]
+        self.bar.set_position(pos);
+        #[cfg(not(feature = "progress"))]
+        self.pos.store(pos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Advances the bar by `n`.
+    pub fn inc(&self, n: u64) {
+        #[cfg(feature = "progress")]
+        self.bar.inc(n);
+        #[cfg(not(feature = "progress"))]
+        self.pos.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Where the bar is.
+    pub fn position(&self) -> u64 {
+        #[cfg(feature = "progress")]
+        return self.bar.position();
+        #[cfg(not(feature = "progress"))]
+        self.pos.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The bar's message.
+    pub fn set_message(&self, msg: String) {
+        #[cfg(feature = "progress")]
+        self.bar.set_message(msg);
+        #[cfg(not(feature = "progress"))]
+        let _ = msg;
+    }
+
+    /// Whether nothing is drawn (no terminal, or no `progress` feature).
+    pub fn is_hidden(&self) -> bool {
+        #[cfg(feature = "progress")]
+        return self.bar.is_hidden();
+        #[cfg(not(feature = "progress"))]
+        true
+    }
+
+    /// Ends the bar, leaving it drawn.
+    pub fn finish(&self) {
+        #[cfg(feature = "progress")]
+        self.bar.finish();
+    }
+
+    /// Ends the bar and erases it.
+    pub fn finish_and_clear(&self) {
+        #[cfg(feature = "progress")]
+        self.bar.finish_and_clear();
+    }
+
+    /// Stops drawing the bar where it is.
+    pub fn abandon(&self) {
+        #[cfg(feature = "progress")]
+        self.bar.abandon();
+    }
+}
+
+/// Bytes for people (`1.25 GiB`).
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    match u {
+        0 => format!("{b} B"),
+        _ => format!("{v:.2} {}", UNITS[u]),
+    }
 }
 
 /// How `PrefillProgress` shows a prefill.
@@ -42,7 +148,7 @@ pub struct PrefillProgress {
 
 struct Run {
     start: Instant,
-    bar: ProgressBar,
+    bar: Bar,
     last_line: Instant,
 }
 
@@ -57,16 +163,11 @@ impl PrefillProgress {
 
     fn begin(&self, s: &PrefillStep) -> Run {
         let total = (s.passes * s.layers) as u64;
-        let bar = match self.mode {
-            ProgressMode::Terminal => ProgressBar::new(total),
-            ProgressMode::Lines => ProgressBar::hidden(),
-        };
-        let style = ProgressStyle::with_template(
+        let bar = Bar::new(
+            total,
             "prefill [{bar:30}] {pos}/{len} layer steps, {msg}, eta {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-        bar.set_style(style);
+            self.mode == ProgressMode::Terminal,
+        );
         let now = Instant::now();
         Run {
             start: now,

@@ -163,20 +163,6 @@ impl Tokenizer {
                 }
             }
         }
-        // K3's vocabulary is the BPE ranks plus 256 reserved specials: another size means the
-        // tokenizer and the model do not belong together.
-        let cfgp = dir.join("config.json");
-        if cfgp.is_file() {
-            let cfg = crate::K3Config::from_file(&cfgp)?;
-            let vocab = cfg.text().vocab_size;
-            if vocab != n as usize + NUM_SPECIALS as usize {
-                return Err(Error::Msg(format!(
-                    "{}: {n} ranks + {NUM_SPECIALS} specials do not make config.json's vocab_size {vocab} ({}): the tokenizer files do not belong to this model",
-                    tp.display(),
-                    cfgp.display()
-                )));
-            }
-        }
         Self::new(
             tokens,
             named.into_iter().map(|(i, s)| (s, i)).collect(),

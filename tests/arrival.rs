@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{ExpertBytes, ExpertProvider, Ready, TieredExperts, TieredOptions};
-use deltafin::K3Config;
+use deltafin::models::k3::config::K3Config;
 
 /// Delivers each layer's experts one at a time in reverse request order.
 struct Reversed(Arc<TieredExperts>);
@@ -56,7 +56,7 @@ fn logits(root: &std::path::Path, experts: Arc<dyn ExpertProvider>) -> Vec<Vec<u
     let mut out = vec![];
     for _ in 0..6 {
         out.push(l.iter().map(|x| x.to_bits()).collect());
-        let n = deltafin::generate::argmax(&l);
+        let n = deltafin::runtime::generate::argmax(&l);
         l = m.forward(&[n], &mut st).unwrap().to_vec1::<f32>().unwrap();
     }
     out

@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deltafin::generate::sample::Sampler;
-use deltafin::generate::{Drafter, SpecMode, Speculation, StopReason};
-use deltafin::runtime::batch::{BatchOptions, Request, Scheduler, SeqEvent, SubmitError};
-use deltafin::runtime::prompt_cache::PromptCacheOptions;
+use deltafin::engine::batch::{BatchOptions, Request, Scheduler, SeqEvent, SubmitError};
+use deltafin::engine::prompt_cache::PromptCacheOptions;
+use deltafin::runtime::generate::sample::Sampler;
+use deltafin::runtime::generate::{Drafter, SpecMode, Speculation, StopReason};
 use deltafin::{Engine, EngineOptions, GenerateOptions};
 
 /// How a case speculates in the batch (alone it uses the n-gram drafter, or nothing).
@@ -70,7 +70,7 @@ fn hash(row: &[f32]) -> u64 {
     })
 }
 
-fn chooser(case: &Case, seen: Arc<Mutex<Seen>>) -> deltafin::runtime::batch::Chooser {
+fn chooser(case: &Case, seen: Arc<Mutex<Seen>>) -> deltafin::engine::batch::Chooser {
     let mut s = Sampler::new(
         if case.seed.is_some() { 0.9 } else { 0.0 },
         0.95,
@@ -278,7 +278,7 @@ fn batched_requests_match_alone_on_tiny() {
 #[test]
 fn batched_requests_match_alone_on_slice() {
     let d = tempfile::tempdir().unwrap();
-    deltafin::checkpoint::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
+    deltafin::models::k3::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
     batch_matches_alone(d.path(), "K3-slice", &[14, 5, 18, 9], 4, 8);
 }
 
@@ -305,7 +305,7 @@ fn a_full_scheduler_refuses_and_a_dropped_one_fails_what_is_left() {
                 stop_ids: Vec::new(),
                 speculation: Speculation::OFF,
             },
-            choose: Box::new(|r: &[f32]| deltafin::generate::argmax(r)),
+            choose: Box::new(|r: &[f32]| deltafin::runtime::generate::argmax(r)),
             on_event: Box::new(move |ev| {
                 if !matches!(ev, SeqEvent::Token(_)) {
                     let _ = tx.send(matches!(ev, SeqEvent::Failed(_)));

@@ -395,7 +395,8 @@ fn doctor_reports_problems() {
     // Non-zero A_log padding (past the per-head values) in layer 1 is reported, naming it.
     let inv = deltafin::checkpoint::Inventory::from_dir(d.path()).unwrap();
     let info = inv.get(&inv.layer_name(1, "self_attn.A_log")).unwrap();
-    let cfg = deltafin::K3Config::from_file(&d.path().join("config.json")).unwrap();
+    let cfg =
+        deltafin::models::k3::config::K3Config::from_file(&d.path().join("config.json")).unwrap();
     let heads = cfg.text().linear_attn_config.num_heads as u64;
     std::os::unix::fs::FileExt::write_all_at(
         &std::fs::OpenOptions::new()

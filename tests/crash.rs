@@ -9,9 +9,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::checkpoint::rng::Rng;
 use deltafin::hub::mock::MockHub;
+use deltafin::models::k3::fixture::{write_nano, NanoOptions};
 
 const REPO: &str = "moonshotai/Kimi-K3-nano";
 

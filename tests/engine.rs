@@ -6,7 +6,7 @@ mod common;
 use std::sync::atomic::AtomicBool;
 
 use deltafin::chat::{encode_segments, render, ChatOptions, Message};
-use deltafin::generate::argmax;
+use deltafin::runtime::generate::argmax;
 use deltafin::{Engine, EngineOptions, GenerateOptions, Generator};
 
 fn greedy(l: &[f32]) -> u32 {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use common::nano;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{CacheAdvice, DiskCache, ExpertProvider, TieredExperts, TieredOptions};
-use deltafin::K3Config;
+use deltafin::models::k3::config::K3Config;
 
 const PROMPT: [u32; 4] = [5, 77, 123, 9];
 
@@ -146,11 +146,11 @@ fn prefetch_hits_and_same_tokens() {
 fn router_trace_has_one_line_per_token() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("router_trace.jsonl");
-    let mut m = deltafin::K3Model::from_dir(&nano(), &candle::Device::Cpu).unwrap();
-    let rt = std::sync::Arc::new(deltafin::model::RouterTrace::create(&path).unwrap());
+    let mut m = deltafin::models::k3::K3Model::from_dir(&nano(), &candle::Device::Cpu).unwrap();
+    let rt = std::sync::Arc::new(deltafin::runtime::observers::RouterTrace::create(&path).unwrap());
     m.observe(rt.clone());
     let mut st = m.new_state();
-    let mut trace = deltafin::model::RouteTrace::new();
+    let mut trace = deltafin::runtime::observe::RouteTrace::new();
     m.forward_traced(&PROMPT, &mut st, Some(&mut trace))
         .unwrap();
     m.forward(&[1], &mut st).unwrap();

@@ -1,8 +1,8 @@
 //! End-to-end: the K3-nano fixture's inventory lists every tensor and every expert span.
 
-use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::checkpoint::{ExpertIndex, Inventory};
-use deltafin::config::{AttnKind, FfnKind};
+use deltafin::models::k3::config::{AttnKind, FfnKind};
+use deltafin::models::k3::fixture::{write_nano, NanoOptions};
 
 #[test]
 fn inventory_reports_every_tensor_and_expert() {

@@ -138,9 +138,9 @@ fn parsers_of_untrusted_bytes_never_panic_or_balloon() {
 
     // The install manifest and the records next to it.
     let manifest = br#"{"mode":"stream","repo":"moonshotai/Kimi-K3","revision":"0123456789abcdef0123456789abcdef01234567","requested":"main","fingerprint":"0123456789abcdef0123456789abcdef"}"#;
-    assert!(deltafin::install::Manifest::parse(manifest).is_some());
+    assert!(deltafin::installed::Manifest::parse(manifest).is_some());
     fuzz("manifest", 4, manifest, |b| {
-        deltafin::install::Manifest::parse(b).is_some()
+        deltafin::installed::Manifest::parse(b).is_some()
     });
     let shards = br#"{"model-00001-of-00002.safetensors":{"size":123456,"etag":"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad","verified":true},"model-00002-of-00002.safetensors":{"size":99,"etag":"x"}}"#;
     assert!(deltafin::checkpoint::source::parse_hub_shards(shards).is_some());

@@ -10,7 +10,6 @@ use deltafin::checkpoint::Inventory;
 use deltafin::experts::TieredOptions;
 use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
 use deltafin::models::gpt_oss::GptOssModel;
-use deltafin::models::ModelKind;
 
 fn tiny(seed: u64, files: usize) -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
@@ -27,7 +26,10 @@ fn ids(n: usize, seed: u32) -> Vec<u32> {
 #[test]
 fn prefill_equals_single_steps_past_the_window() {
     let d = tiny(3, 2);
-    assert_eq!(ModelKind::detect(d.path()).unwrap(), ModelKind::GptOss);
+    assert_eq!(
+        deltafin::models::family(d.path()).unwrap().name(),
+        "gpt-oss"
+    );
     let m = GptOssModel::open(d.path(), &TieredOptions::default()).unwrap();
     let p = ids(21, 1); // window 8: the sliding layers drop positions
     let mut a = m.new_state();

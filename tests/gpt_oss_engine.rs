@@ -12,12 +12,13 @@ mod common;
 use std::sync::atomic::AtomicBool;
 
 use deltafin::chat::{ChatFormat, ChatOptions, Message};
-use deltafin::engine::{EngineOptions, LoadOptions};
+use deltafin::engine::prompt_cache::PromptCacheOptions;
+use deltafin::engine::EngineOptions;
 use deltafin::experts::TieredOptions;
-use deltafin::generate::{SpecMode, Speculation};
 use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
 use deltafin::models::gpt_oss::GptOssModel;
-use deltafin::runtime::prompt_cache::PromptCacheOptions;
+use deltafin::runtime::generate::{SpecMode, Speculation};
+use deltafin::runtime::load::LoadOptions;
 use deltafin::{Engine, GenerateOptions};
 use serde_json::{json, Value};
 

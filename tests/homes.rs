@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{ExpertProvider, TieredExperts, TieredOptions};
-use deltafin::install::expert_store;
 use deltafin::install::homes::{populate_home, HomeSelection};
-use deltafin::{K3Config, K3Model};
+use deltafin::installed::expert_store;
+use deltafin::models::k3::config::K3Config;
+use deltafin::models::k3::K3Model;
 
 fn store(root: &Path, homes: Vec<PathBuf>, rate: Option<f64>) -> Arc<TieredExperts> {
     let cfg = K3Config::from_file(&root.join("config.json")).unwrap();
@@ -41,7 +42,7 @@ fn greedy(m: &K3Model) -> (Vec<u32>, Vec<Vec<u32>>) {
         .unwrap();
     let (mut ids, mut bits) = (vec![], vec![]);
     for _ in 0..12 {
-        let n = deltafin::generate::argmax(&l);
+        let n = deltafin::runtime::generate::argmax(&l);
         ids.push(n);
         bits.push(l.iter().map(|x| x.to_bits()).collect());
         l = m.forward(&[n], &mut st).unwrap().to_vec1::<f32>().unwrap();
@@ -239,8 +240,8 @@ fn cli_populate_home_and_storage_home_flag() {
 fn populate_home_records_the_home_in_install_json() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("install");
-    deltafin::checkpoint::fixture::write_nano(&root, &Default::default()).unwrap();
-    let manifest = deltafin::install::manifest_path(&root);
+    deltafin::models::k3::fixture::write_nano(&root, &Default::default()).unwrap();
+    let manifest = deltafin::installed::manifest_path(&root);
     std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
     std::fs::write(
         &manifest,
@@ -251,7 +252,7 @@ fn populate_home_records_the_home_in_install_json() {
     let no = AtomicBool::new(false);
     let r = populate_home(&root, &home, &HomeSelection::All, &no, |_, _| {}).unwrap();
     assert!(r.recorded);
-    let m = deltafin::install::read_manifest(&root).unwrap();
+    let m = deltafin::installed::read_manifest(&root).unwrap();
     assert_eq!(m.homes, vec![std::fs::canonicalize(&home).unwrap()]);
     // The store finds the home through install.json alone.
     let s = store(&root, vec![], None);

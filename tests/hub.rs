@@ -11,7 +11,7 @@ use deltafin::experts::{
 };
 use deltafin::hub::mock::{Fault, MockHub};
 use deltafin::hub::HubRepo;
-use deltafin::K3Config;
+use deltafin::models::k3::config::K3Config;
 
 const PROMPT: [u32; 4] = [5, 77, 123, 9];
 const REPO: &str = "moonshotai/Kimi-K3-nano";

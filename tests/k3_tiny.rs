@@ -10,8 +10,9 @@ use std::sync::atomic::AtomicBool;
 use candle::Device;
 use deltafin::chat::{ChatOptions, Message};
 use deltafin::eval::{known_word_share, nll};
-use deltafin::generate::{argmax, sample::Sampler};
-use deltafin::{Engine, EngineOptions, GenerateOptions, K3Model, StopReason};
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::generate::{argmax, sample::Sampler};
+use deltafin::{Engine, EngineOptions, GenerateOptions, StopReason};
 
 const HELDOUT: &str = include_str!("../data/heldout/persuasion.txt");
 
@@ -184,7 +185,7 @@ fn k3_tiny_loads_in_the_trainer_with_the_same_logits() {
     let ids: Vec<u32> = deltafin::tokenizer::Tokenizer::from_dir(&tiny())
         .unwrap()
         .encode_ordinary("It was the best of times.");
-    let net = deltafin::train::Net::from_dir(&tiny(), &Device::Cpu).unwrap();
+    let net = deltafin::models::k3::train::Net::from_dir(&tiny(), &Device::Cpu).unwrap();
     let model = K3Model::from_dir(&tiny(), &Device::Cpu).unwrap();
     use deltafin::eval::Scorer;
     let (a, b) = (

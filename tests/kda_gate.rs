@@ -7,11 +7,12 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use candle::Device;
-use deltafin::checkpoint::fixture::{write_medium, write_nano, NanoOptions};
 use deltafin::checkpoint::Inventory;
-use deltafin::config::AttnKind;
-use deltafin::model::kda::a_log_padding;
-use deltafin::{K3Config, K3Model};
+use deltafin::models::k3::config::AttnKind;
+use deltafin::models::k3::config::K3Config;
+use deltafin::models::k3::fixture::{write_medium, write_nano, NanoOptions};
+use deltafin::models::k3::kda::a_log_padding;
+use deltafin::models::k3::K3Model;
 
 fn a_logs(root: &Path, cfg: &K3Config) -> Vec<(usize, Vec<f32>)> {
     let inv = Inventory::from_dir(root).unwrap();

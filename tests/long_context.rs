@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deltafin::experts::{ExpertBytes, ExpertProvider, TieredExperts, TieredOptions};
-use deltafin::{GenerateOptions, Generator, K3Model, StopReason};
+use deltafin::models::k3::K3Model;
+use deltafin::{GenerateOptions, Generator, StopReason};
 
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {
     let mut rng = deltafin::checkpoint::rng::Rng::new(7);
@@ -129,7 +130,7 @@ impl ExpertProvider for Counting {
 #[test]
 fn prefetch_after_a_long_prefill_is_the_last_position_only_and_capped() {
     let dir = common::nano();
-    let cfg = deltafin::K3Config::from_file(&dir.join("config.json")).unwrap();
+    let cfg = deltafin::models::k3::config::K3Config::from_file(&dir.join("config.json")).unwrap();
     let inv = Arc::new(deltafin::checkpoint::Inventory::from_dir(&dir).unwrap());
     let index = Arc::new(deltafin::checkpoint::ExpertIndex::derive_k3(&inv, &cfg).unwrap());
     let top_k = cfg.text().num_experts_per_token;
@@ -147,7 +148,7 @@ fn prefetch_after_a_long_prefill_is_the_last_position_only_and_capped() {
             inner: store.clone(),
             most_hinted: std::sync::Mutex::new(0),
         });
-        let spine = deltafin::Spine::open(
+        let spine = deltafin::spine::source::Spine::open(
             &dir,
             inv.clone(),
             cfg.num_layers(),

@@ -10,14 +10,15 @@ use candle::{Device, Tensor};
 use common::{nano, rel_err32};
 use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::Dtype;
-use deltafin::compute::{dense, run_experts, spine_device};
+use deltafin::compute::{dense, spine_device};
 use deltafin::experts::{ExpertBytes, TieredOptions};
 use deltafin::fsio::{BufPool, PooledBuf};
+use deltafin::kernels::dense::quantize_row_int8;
+use deltafin::models::k3::K3Model;
+use deltafin::moe::device::run_experts;
 use deltafin::mxfp4::{matvec, Kernel, Mxfp4Expert, Mxfp4Weights};
-use deltafin::spine::dense::quantize_row_int8;
 use deltafin::spine::layer::LayerData;
 use deltafin::spine::source::SpineOptions;
-use deltafin::K3Model;
 
 fn metal() -> Option<Device> {
     match Device::new_metal(0) {
@@ -213,7 +214,7 @@ fn metal_nano_model_matches_cpu() {
         m.forward(&ids, &mut st).unwrap().to_vec1().unwrap()
     };
     let want = run(&Device::Cpu, None);
-    let argmax = deltafin::generate::argmax;
+    let argmax = deltafin::runtime::generate::argmax;
     for resident in [None, Some(0)] {
         let got = run(&dev, resident);
         close(&got, &want, 1e-4, "nano logits");

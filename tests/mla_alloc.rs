@@ -4,8 +4,8 @@
 
 mod common;
 
-use deltafin::model::state::LayerState;
-use deltafin::K3Model;
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::state::LayerState;
 
 #[global_allocator]
 static ALLOC: deltafin::alloc_count::CountingAlloc = deltafin::alloc_count::CountingAlloc;
@@ -16,14 +16,14 @@ fn step(m: &K3Model, l: usize, n: usize) -> (usize, f64) {
     let h = m.config().text().hidden_size;
     let x = candle::Tensor::ones((1, h), candle::DType::F32, &candle::Device::Cpu).unwrap();
     let mut st = m.new_state();
-    let LayerState::Mla(mla) = &mut st.layers[l] else {
+    let LayerState::Rows(cache) = &mut st.layers[l] else {
         panic!("layer {l} is not MLA")
     };
-    let w = mla.cache.width();
+    let w = cache.width();
     let rows: Vec<f32> = (0..n * w)
         .map(|i| ((i % 97) as f32 - 48.0) / 64.0)
         .collect();
-    mla.cache.append(&rows);
+    cache.append(&rows);
     st.pos = n;
     m.attention(l, &x, &mut st, &ld).unwrap(); // capacity doubles here, once
     let base = deltafin::alloc_count::reset_peak();
@@ -45,7 +45,7 @@ fn mla_step_allocation_does_not_grow_with_context() {
         .config()
         .schedule
         .iter()
-        .position(|k| k.attn == deltafin::config::AttnKind::Mla)
+        .position(|k| k.attn == deltafin::models::k3::config::AttnKind::Mla)
         .unwrap();
     let (a1, t1) = step(&m, l, 1024);
     let (a8, t8) = step(&m, l, 8192);

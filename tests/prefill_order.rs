@@ -13,8 +13,12 @@ use candle::Device;
 use common::spec::same_state;
 use deltafin::chat::{ChatOptions, Message};
 use deltafin::experts::TieredOptions;
-use deltafin::model::{Event, Observer, RouteCollector};
-use deltafin::{Engine, EngineOptions, GenerateOptions, K3Model, SeqState};
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::observe::Event;
+use deltafin::runtime::observe::Observer;
+use deltafin::runtime::observe::RouteCollector;
+use deltafin::runtime::state::SeqState;
+use deltafin::{Engine, EngineOptions, GenerateOptions};
 
 const LENGTHS: [usize; 5] = [1, 63, 64, 65, 700];
 
@@ -71,7 +75,7 @@ fn layer_major_equals_chunk_major_on_tiny() {
 /// takes minutes here, so `.ci/run` runs it (`--ignored`).
 fn slice() -> (tempfile::TempDir, K3Model) {
     let d = tempfile::tempdir().unwrap();
-    deltafin::checkpoint::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
+    deltafin::models::k3::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
     let m = K3Model::from_dir(d.path(), &Device::Cpu).unwrap();
     (d, m)
 }
@@ -206,7 +210,7 @@ fn cancelled_chat_turn_leaves_the_session_unchanged() {
         stop_ids: vec![],
         speculation: Default::default(),
     };
-    let greedy = &mut |l: &[f32]| deltafin::generate::argmax(l);
+    let greedy = &mut |l: &[f32]| deltafin::runtime::generate::argmax(l);
     let first = [Message::new("user", "the first question")];
     let second = [Message::new("user", "a second one")];
     let mut s = engine.session(ChatOptions::default());

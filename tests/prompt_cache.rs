@@ -10,8 +10,8 @@ use std::sync::atomic::AtomicBool;
 
 use common::spec::same_state;
 use deltafin::chat::{ChatOptions, Message};
-use deltafin::generate::{argmax, SpecMode, Speculation};
-use deltafin::runtime::prompt_cache::{cut_points, PromptCache, PromptCacheOptions};
+use deltafin::engine::prompt_cache::{cut_points, PromptCache, PromptCacheOptions};
+use deltafin::runtime::generate::{argmax, SpecMode, Speculation};
 use deltafin::{Engine, EngineOptions, Error, GenerateOptions, Generator, Session};
 
 fn engine(root: &Path, dir: Option<&Path>, every: usize) -> Engine {
@@ -42,7 +42,7 @@ fn reference(
     marks: &[usize],
     every: usize,
     resumed: usize,
-) -> (Vec<f32>, deltafin::SeqState) {
+) -> (Vec<f32>, deltafin::runtime::state::SeqState) {
     let m = e.model();
     let mut st = m.new_state();
     let mut cuts = cut_points(ids.len(), marks, every, 0);
@@ -160,7 +160,7 @@ fn resumes_bit_identically_on_tiny() {
 #[test]
 fn resumes_bit_identically_on_slice() {
     let d = tempfile::tempdir().unwrap();
-    deltafin::checkpoint::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
+    deltafin::models::k3::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
     resumes_exactly(d.path(), "K3-slice", 24, 8);
 }
 
@@ -264,7 +264,7 @@ fn resumes_from_disk_after_restart_with_speculation() {
 #[test]
 fn resumes_from_disk_after_restart_on_slice() {
     let d = tempfile::tempdir().unwrap();
-    deltafin::checkpoint::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
+    deltafin::models::k3::fixture::write_slice(d.path(), 2, 16, 4).unwrap();
     let r = Restart {
         n: 24,
         marks: [2, 10],
@@ -354,7 +354,7 @@ fn damaged_and_foreign_files_are_never_loaded() {
     )
     .unwrap();
     let file = entry_files(dir.path()).pop().unwrap();
-    match deltafin::runtime::prompt_cache::file::read(&file, &fp, &tiny.model().new_state()) {
+    match deltafin::engine::prompt_cache::file::read(&file, &fp, &tiny.model().new_state()) {
         Err(Error::StateFile {
             corrupt: false,
             msg,

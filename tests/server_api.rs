@@ -227,7 +227,7 @@ fn loading_server_answers_503() {
 /// one token at a time, as decoding runs).
 fn direct_logits(prompt: &[u32], gen: &[u32]) -> Vec<Vec<f32>> {
     let dir = common::nano();
-    let model = deltafin::K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
+    let model = deltafin::models::k3::K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
     let mut st = model.new_state();
     let row = |t: candle::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let mut rows = vec![row(model.forward(prompt, &mut st).unwrap())];
@@ -264,12 +264,13 @@ fn completion_logprobs_match_a_direct_computation() {
     // Greedy: the direct path picks the argmax at each step.
     let ids = tok.encode_ordinary(prompt);
     let mut gen = Vec::new();
-    let model = deltafin::K3Model::from_dir(&common::nano(), &candle::Device::Cpu).unwrap();
+    let model =
+        deltafin::models::k3::K3Model::from_dir(&common::nano(), &candle::Device::Cpu).unwrap();
     let mut st = model.new_state();
     let mut l = model.forward(&ids, &mut st).unwrap();
     for _ in 0..10 {
         let row = l.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let id = deltafin::generate::argmax(&row);
+        let id = deltafin::runtime::generate::argmax(&row);
         gen.push(id);
         l = model.forward(&[id], &mut st).unwrap();
     }

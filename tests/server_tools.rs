@@ -230,7 +230,7 @@ fn echo_scores_the_prompt() {
     let lp = &c["logprobs"];
     assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len());
     assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
-    let model = deltafin::K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
+    let model = deltafin::models::k3::K3Model::from_dir(&dir, &candle::Device::Cpu).unwrap();
     let mut s = model.new_state();
     let mut worst = 0f64;
     for p in 1..ids.len() {

@@ -5,8 +5,8 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::hub::mock::MockHub;
+use deltafin::models::k3::fixture::{write_nano, NanoOptions};
 use deltafin::spine::layer::parse_header_full;
 
 const REPO: &str = "moonshotai/Kimi-K3-nano";

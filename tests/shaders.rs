@@ -9,8 +9,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use deltafin::checkpoint::rng::Rng;
+use deltafin::kernels::dense::{quantize_row_int8, DenseData, DenseMatrix};
 use deltafin::mxfp4::{gemm_with, Kernel, Mxfp4Expert, Mxfp4Matrix};
-use deltafin::spine::dense::{quantize_row_int8, DenseData, DenseMatrix};
 
 fn driver() -> &'static PathBuf {
     static D: OnceLock<PathBuf> = OnceLock::new();

@@ -9,12 +9,12 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::checkpoint::source::{read_hub_shards, sha256_hex};
 use deltafin::checkpoint::{ExpertIndex, Inventory, Source};
 use deltafin::hub::mock::MockHub;
+use deltafin::models::k3::config::K3Config;
+use deltafin::models::k3::fixture::{write_nano, NanoOptions};
 use deltafin::spine::convert::{store_state, SpineFormat, StoreState};
-use deltafin::K3Config;
 
 const REPO: &str = "moonshotai/Kimi-K3-nano";
 const COMMIT_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";

@@ -6,8 +6,9 @@ mod common;
 
 use candle::Device;
 use common::spec::{generate, same_state, scripted, NGRAM};
-use deltafin::generate::Speculation;
-use deltafin::{K3Model, SeqState};
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::generate::Speculation;
+use deltafin::runtime::state::SeqState;
 
 fn step(m: &K3Model, id: u32, st: &mut SeqState) -> Vec<f32> {
     m.forward(&[id], st).unwrap().to_vec1::<f32>().unwrap()
@@ -68,7 +69,7 @@ fn verify_pass_equals_single_steps_on_nano() {
 #[test]
 fn verify_pass_equals_single_steps_on_the_slice() {
     let d = tempfile::tempdir().unwrap();
-    deltafin::checkpoint::fixture::write_slice(d.path(), 4, 16, 3).unwrap();
+    deltafin::models::k3::fixture::write_slice(d.path(), 4, 16, 3).unwrap();
     let m = K3Model::from_dir(d.path(), &Device::Cpu).unwrap();
     let tokens: Vec<u32> = (0..10).map(|i| (i * 53 + 7) % 500).collect();
     verify_equals_steps(&m, &[5, 9, 14], &tokens, false);
@@ -122,6 +123,7 @@ fn greedy_speculation_is_identical_on_nano() {
 fn greedy_speculation_is_identical_on_k3_tiny() {
     let dir = deltafin::assets::k3_tiny().unwrap();
     let engine = deltafin::Engine::open(&dir, &Default::default()).unwrap();
+    let k3 = K3Model::open(&dir, &candle::Device::Cpu, &Default::default()).unwrap();
     let tok = engine.tokenizer();
     let texts = [
         "It is a truth universally acknowledged, that a single man",
@@ -146,8 +148,7 @@ fn greedy_speculation_is_identical_on_k3_tiny() {
         "Captain Wentworth",
     ];
     let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode_ordinary(t)).collect();
-    let (drafted, accepted) =
-        greedy_identical(engine.model().downcast().unwrap(), &prompts, 256, &[3]);
+    let (drafted, accepted) = greedy_identical(&k3, &prompts, 256, &[3]);
     eprintln!("K3-tiny, n-gram depth 8: {accepted} of {drafted} drafts accepted");
     assert!(accepted > 100, "{accepted} of {drafted} drafts");
 }
@@ -155,7 +156,7 @@ fn greedy_speculation_is_identical_on_k3_tiny() {
 #[test]
 fn greedy_speculation_is_identical_on_the_slice() {
     let d = tempfile::tempdir().unwrap();
-    deltafin::checkpoint::fixture::write_slice(d.path(), 2, 16, 5).unwrap();
+    deltafin::models::k3::fixture::write_slice(d.path(), 2, 16, 5).unwrap();
     let m = K3Model::from_dir(d.path(), &Device::Cpu).unwrap();
     let prompts = vec![vec![3u32, 9, 3, 9, 3, 9], vec![11u32, 40, 77, 123, 301]];
     greedy_identical(&m, &prompts, 20, &[2]);

@@ -8,9 +8,10 @@ use std::sync::atomic::AtomicBool;
 
 use candle::Device;
 use common::spec::{generate, same_state, scripted_with, Script, NGRAM};
-use deltafin::generate::sample::Sampler;
-use deltafin::generate::{Drafter, Speculation};
-use deltafin::{GenerateOptions, Generator, K3Model};
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::generate::sample::Sampler;
+use deltafin::runtime::generate::{Drafter, Speculation};
+use deltafin::{GenerateOptions, Generator};
 
 /// Seeded sampling with speculation reproduces itself and plain sampling's tokens; over many
 /// seeds the token frequencies match plain sampling's (chi-square below the 0.1% critical
@@ -19,7 +20,8 @@ use deltafin::{GenerateOptions, Generator, K3Model};
 fn sampled_speculation_keeps_the_distribution() {
     let dir = deltafin::assets::k3_tiny().unwrap();
     let engine = deltafin::Engine::open(&dir, &Default::default()).unwrap();
-    let m: &deltafin::K3Model = engine.model().downcast().unwrap();
+    let m = &deltafin::models::k3::K3Model::open(&dir, &candle::Device::Cpu, &Default::default())
+        .unwrap();
     let prompt = engine
         .tokenizer()
         .encode_ordinary("It is a truth universally acknowledged, that a single man");
@@ -75,7 +77,7 @@ fn sampled_speculation_keeps_the_distribution() {
 /// 24 characters in the text (through text only, as a model with another tokenizer would).
 struct Book(String);
 
-impl deltafin::generate::TextModel for Book {
+impl deltafin::runtime::generate::TextModel for Book {
     fn continue_text(&mut self, text: &str, max_tokens: usize) -> String {
         let tail: String = {
             let c: Vec<char> = text.chars().collect();
@@ -95,11 +97,11 @@ impl deltafin::generate::TextModel for Book {
 /// ids that follow the context, and generation with it emits plain decoding's ids.
 #[test]
 fn text_drafter_maps_through_text() {
-    use deltafin::generate::{TextDrafter, TextModel};
+    use deltafin::runtime::generate::{TextDrafter, TextModel};
     let dir = deltafin::assets::k3_tiny().unwrap();
-    let engine = deltafin::Engine::open(&dir, &Default::default()).unwrap();
     let tok = std::sync::Arc::new(deltafin::tokenizer::Tokenizer::from_dir(&dir).unwrap());
-    let m: &deltafin::K3Model = engine.model().downcast().unwrap();
+    let m = &deltafin::models::k3::K3Model::open(&dir, &candle::Device::Cpu, &Default::default())
+        .unwrap();
     let prompt = tok.encode_ordinary("It is a truth universally acknowledged, that a single man");
     // Proposal = K3's tokens of the continuation text.
     let mut d = TextDrafter::new(
@@ -135,7 +137,7 @@ fn text_drafter_maps_through_text() {
             &prompt,
             &opts,
             &no,
-            &mut |l: &[f32]| deltafin::generate::argmax(l),
+            &mut |l: &[f32]| deltafin::runtime::generate::argmax(l),
             &mut d,
             |_| {},
         )
@@ -148,14 +150,14 @@ fn text_drafter_maps_through_text() {
 /// K3's full shape (69 KDA layers, P = 12,288, H = 96), and what a pass really holds on K3-nano.
 #[test]
 fn rollback_bytes_per_row() {
-    let full = deltafin::K3Config::from_json(
-        &deltafin::checkpoint::fixture::full::k3_config(
-            deltafin::checkpoint::fixture::full::K3_LAYERS,
+    let full = deltafin::models::k3::config::K3Config::from_json(
+        &deltafin::models::k3::fixture::full::k3_config(
+            deltafin::models::k3::fixture::full::K3_LAYERS,
         )
         .to_string(),
     )
     .unwrap();
-    let per_row = deltafin::model::verify::bytes_per_row(&full);
+    let per_row = deltafin::models::k3::verify::bytes_per_row(&full);
     assert_eq!(per_row, 69 * 4 * (6 * 12_288 + 96));
     eprintln!(
         "K3: {per_row} bytes ({:.2} MiB) per verified row",
@@ -169,13 +171,13 @@ fn rollback_bytes_per_row() {
         .unwrap();
     let (_, rb1) = m.verify(&[4], &mut st.clone(), None).unwrap();
     // Eight more rows hold eight rows' worth (the pre-pass conv window is in both).
-    let nano_row = deltafin::model::verify::bytes_per_row(m.config());
+    let nano_row = deltafin::models::k3::verify::bytes_per_row(m.config());
     assert_eq!(rb9.bytes() - rb1.bytes(), 8 * nano_row);
     // One row: the pre-pass conv windows and that row's raw q, k, v (3·P per KDA layer).
     let cfg = m.config();
     let la = &cfg.text().linear_attn_config;
-    let kda = deltafin::model::verify::kda_layers(cfg);
-    let fixed = deltafin::model::verify::fixed_bytes(cfg);
+    let kda = deltafin::models::k3::verify::kda_layers(cfg);
+    let fixed = deltafin::models::k3::verify::fixed_bytes(cfg);
     assert_eq!(
         rb1.bytes(),
         fixed + kda * 4 * 3 * la.num_heads * la.head_dim
@@ -223,7 +225,7 @@ fn stops_inside_a_verify_pass_leave_plain_decodings_state() {
                     &prompt,
                     &opts,
                     &cancel,
-                    &mut |l: &[f32]| deltafin::generate::argmax(l),
+                    &mut |l: &[f32]| deltafin::runtime::generate::argmax(l),
                     &mut d,
                     |_| {
                         emitted += 1;
@@ -260,7 +262,8 @@ fn router_trace_drops_rejected_drafts() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("trace.jsonl");
     let mut m = K3Model::from_dir(&common::nano(), &Device::Cpu).unwrap();
-    let trace = std::sync::Arc::new(deltafin::model::RouterTrace::create(&path).unwrap());
+    let trace =
+        std::sync::Arc::new(deltafin::runtime::observers::RouterTrace::create(&path).unwrap());
     m.observe(trace.clone());
     let on = scripted_with(&m, &prompt, &off, 3, Sampler::new(0.0, 1.0, 0));
     assert_eq!(on.generated_ids, off.generated_ids);

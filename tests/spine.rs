@@ -5,13 +5,15 @@ mod common;
 use std::sync::Arc;
 
 use candle::Device;
-use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{ExpertProvider, TieredExperts, TieredOptions};
-use deltafin::generate::{argmax, top_k};
+use deltafin::models::k3::config::K3Config;
+use deltafin::models::k3::fixture::{write_nano, NanoOptions};
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::generate::{argmax, top_k};
 use deltafin::spine::convert::{convert_spine, SpineFormat};
+use deltafin::spine::source::Spine;
 use deltafin::spine::source::{SpineChoice, SpineOptions};
-use deltafin::{K3Config, K3Model, Spine};
 
 const PROMPT: [u32; 6] = [12, 7, 99, 300, 45, 8];
 

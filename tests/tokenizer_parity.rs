@@ -105,7 +105,7 @@ fn ours_of(dir: &std::path::Path) -> Tokenizer {
 #[test]
 fn exported_tokenizer_json_encodes_the_same() {
     let dir = tempfile::tempdir().unwrap();
-    deltafin::checkpoint::fixture::write_nano(dir.path(), &Default::default()).unwrap();
+    deltafin::models::k3::fixture::write_nano(dir.path(), &Default::default()).unwrap();
     deltafin(&["export-tokenizer", "--model-root"], dir.path());
     let mut hf = tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).unwrap();
     // Loaded as is, `tokenizers` recognises special spellings in text (its default); ours

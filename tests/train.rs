@@ -6,12 +6,13 @@ mod common;
 use std::path::Path;
 
 use candle::{Device, Tensor};
-use deltafin::checkpoint::fixture::NANO_MERGES;
 use deltafin::checkpoint::tiktoken_fixture::{
     tiktoken_model_text, tokenizer_config_json, train_ranks,
 };
-use deltafin::train::{config_json, export::export, Dims, Net};
-use deltafin::{K3Config, K3Model};
+use deltafin::models::k3::config::K3Config;
+use deltafin::models::k3::fixture::NANO_MERGES;
+use deltafin::models::k3::train::{config_json, export::export, Dims, Net};
+use deltafin::models::k3::K3Model;
 
 const TEST_DIMS: Dims = Dims {
     hidden: 64,

@@ -74,7 +74,7 @@ fn masked_sampling_only_writes_json_objects() {
                 }
             }
             m.apply(&mut l);
-            let id = crate::generate::argmax(&l);
+            let id = crate::runtime::generate::argmax(&l);
             assert!(
                 l[id as usize].is_finite(),
                 "no token left after {:?}",

@@ -173,7 +173,7 @@ pub(crate) fn sample(
             }
         }
         mask.apply(&mut l);
-        let id = crate::generate::argmax(&l);
+        let id = crate::runtime::generate::argmax(&l);
         assert!(
             l[id as usize].is_finite(),
             "no token left after {:?}",

@@ -1,11 +1,10 @@
-//! The K3 checkpoint on disk: safetensors headers, the tensor inventory, expert spans and the
-//! fixture writers.
+//! A checkpoint on disk, whatever its family: safetensors headers, the tensor inventory, expert
+//! spans (names and layouts as values), shard identities and the deterministic generator the
+//! fixture writers draw from.
 
 mod dense_names;
 pub mod experts;
 pub mod files;
-/// K3's fixture writers, under their earlier path (they live in `models::k3::fixture`).
-pub use crate::models::k3::fixture;
 pub mod header;
 pub mod inventory;
 pub mod names;

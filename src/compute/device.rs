@@ -5,7 +5,8 @@ use candle::Device;
 use crate::{Error, Result};
 
 /// Which device runs the spine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum DeviceChoice {
     /// Metal when compiled in (`--features metal`) and a GPU exists, else the CPU.
     #[default]

@@ -1,24 +1,24 @@
 //! The compute seam: every operation whose implementation depends on the device, behind one
 //! call each, chosen inside (the Metal kernels when the data lives there, the host kernels
-//! otherwise): the spine matrices' GEMV (`dense`), one MoE layer's MXFP4 expert batch
-//! (`run_experts`, any `ExpertFfn`), and the spine's device side (`spine_device`: template layers and pinned
-//! copies). The device is chosen once (`device::select`); the model calls these and never
+//! otherwise): the spine matrices' GEMV (`dense`), Metal's MXFP4 expert batch
+//! (`metal_experts`, called by `moe::device::run_experts`), and the spine's device side
+//! (`spine_device`: template layers and pinned copies). The device is chosen once (`device::select`); the model calls these and never
 //! branches on it. `metal` (behind the `metal` feature) holds the Metal side. Owns no weights
 //! and no state; depends on `spine`, `experts` and `mxfp4`, never the reverse.
 
 pub mod device;
 #[cfg(feature = "metal")]
 mod metal;
+#[cfg(feature = "metal")]
+pub use metal::run_experts as metal_experts;
 
 use std::sync::Arc;
 
 use candle::{Device, Tensor};
 
-use crate::experts::ExpertBytes;
 use crate::kernels::dense::DenseMatrix;
 use crate::kernels::HostDense;
-use crate::moe::ExpertFfn;
-use crate::mxfp4::{with_last_dim, Kernel};
+use crate::mxfp4::with_last_dim;
 use crate::spine::DeviceSide;
 use crate::Result;
 
@@ -50,55 +50,6 @@ pub fn dense(x: &Tensor, w: &DenseMatrix) -> Result<Tensor> {
         with_last_dim(&dims, w.rows),
         x.device(),
     )?)
-}
-
-/// One MoE layer's selected experts: pair `(k, t)` runs expert span `spans[k]` on row `t` of
-/// `z` `[T, width]` (the pairs of one expert consecutive); returns `[pairs, width]`. On the host
-/// each expert is one task, single-threaded, on the current rayon pool (fewer hand-offs than
-/// splitting every GEMV's rows; each output is the same whatever thread computes it). Metal runs
-/// the MXFP4 SiTU experts with K3's part order (`ExpertFfn::metal_situ`); any other expert runs
-/// on the host whatever the device.
-pub fn run_experts(
-    device: &Device,
-    kernel: Kernel,
-    ffn: &ExpertFfn,
-    spans: &[ExpertBytes],
-    pairs: &[(usize, usize)],
-    z: &[f32],
-) -> Result<Vec<f32>> {
-    #[cfg(feature = "metal")]
-    if let (Device::Metal(d), Some((beta, lb))) = (device, ffn.metal_situ()) {
-        return metal::run_experts(d, spans, pairs, z, ffn.inter, ffn.width, beta, lb);
-    }
-    #[cfg(not(feature = "metal"))]
-    let _ = device;
-    use rayon::prelude::*;
-    let width = ffn.width;
-    // Each expert's rows gathered in pair order: `[rows_k, width]`.
-    let mut inputs: Vec<(usize, Vec<f32>, usize)> = Vec::new();
-    for &(k, t) in pairs {
-        if inputs.last().is_none_or(|(kk, _, _)| *kk != k) {
-            inputs.push((k, Vec::new(), 0));
-        }
-        if let Some((_, rows, n)) = inputs.last_mut() {
-            rows.extend_from_slice(&z[t * width..(t + 1) * width]);
-            *n += 1;
-        }
-    }
-    let jobs = inputs
-        .iter()
-        .map(|(k, rows, n)| {
-            let span = spans.get(*k).ok_or_else(|| {
-                crate::Error::Msg(format!("expert pair names span {k} of {}", spans.len()))
-            })?;
-            Ok((&span[..], &rows[..], *n))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let outs: Vec<Vec<f32>> = jobs
-        .par_iter()
-        .map(|(span, zs, n)| ffn.forward(kernel, span, zs, *n, false))
-        .collect::<Result<_>>()?;
-    Ok(outs.concat())
 }
 
 /// The spine's side on `device` (Metal: template layers and pinned copies), or `None` where the

@@ -10,9 +10,10 @@ pub mod reference;
 
 use candle::Tensor;
 
+use crate::models::k3::train::data::eval_windows;
+use crate::models::k3::K3Model;
 use crate::runtime::model::Model;
-use crate::train::data::eval_windows;
-use crate::{K3Model, Result};
+use crate::Result;
 
 /// Something that gives the logits `[T][V]` of every position of a window scored from scratch.
 pub trait Scorer {
@@ -45,7 +46,7 @@ impl Scorer for K3Model {
     }
 }
 
-impl Scorer for crate::train::Net {
+impl Scorer for crate::models::k3::train::Net {
     fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let t = Tensor::from_vec(ids.to_vec(), (1, ids.len()), &self.device())?;
         Ok(self.forward(&t)?.logits.detach().to_vec2()?)
@@ -157,8 +158,8 @@ pub fn compare(
         let ids = &w[..w.len() - 1];
         let (la, lb) = (a.window_logits(ids)?, b.window_logits(ids)?);
         for ((ra, rb), &t) in la.iter().zip(&lb).zip(&w[1..]) {
-            let ta = crate::generate::top_k(ra, 5);
-            let tb = crate::generate::top_k(rb, 5);
+            let ta = crate::runtime::generate::top_k(ra, 5);
+            let tb = crate::runtime::generate::top_k(rb, 5);
             let same5 = ta.iter().map(|x| x.0).eq(tb.iter().map(|x| x.0));
             if n == 0 {
                 first_kept = same5;

@@ -74,13 +74,13 @@ pub fn write(
             let last = logits
                 .last()
                 .ok_or_else(|| Error::Msg("empty prompt".into()))?;
-            seq.push(crate::generate::argmax(last));
+            seq.push(crate::runtime::generate::argmax(last));
         }
         // One teacher-forced pass gives every continuation position's distribution.
         let logits = scorer.window_logits(&seq[..seq.len() - 1])?;
         let top_logprobs = (ids.len() - 1..seq.len() - 1)
             .map(|p| {
-                crate::generate::top_k(&logits[p], top)
+                crate::runtime::generate::top_k(&logits[p], top)
                     .into_iter()
                     .map(|(t, _)| (t, log_prob(&logits[p], t)))
                     .collect()
@@ -113,7 +113,7 @@ pub fn score(scorer: &dyn Scorer, lines: &[RefLine]) -> Result<RefReport> {
                 rn += 1;
             }
             if let Some(best) = refs.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
-                top1 += (crate::generate::argmax(row) == best.0) as usize;
+                top1 += (crate::runtime::generate::argmax(row) == best.0) as usize;
             }
             // KL over the reference's top-k, each side renormalised on those ids.
             let p: Vec<f64> = refs.iter().map(|x| x.1.exp()).collect();

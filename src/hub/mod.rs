@@ -1,6 +1,7 @@
 //! The Hugging Face hub through hf-hub 1.x: byte-range fetches with retries, so `HF_ENDPOINT`,
 //! `HF_TOKEN` and revisions behave as everywhere in the ecosystem; and a mock hub for tests.
 
+#[cfg(feature = "server")]
 pub mod mock;
 
 use std::ops::Range;

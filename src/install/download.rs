@@ -64,7 +64,7 @@ pub fn download_shard(
     file: &str,
     want: &HubShard,
     recorded: Option<&HubShard>,
-    bar: &indicatif::ProgressBar,
+    bar: &crate::progress::Bar,
 ) -> Result<HubShard> {
     let dest = root.join(file);
     let sha = is_sha256(&want.etag);

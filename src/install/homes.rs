@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::{adopt_source, count_selections, expert_store, manifest_path, read_manifest};
+use super::count_selections;
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::experts::{CacheAdvice, DiskCache, ExpertProvider, TieredOptions};
 use crate::fsio::atomic::write_atomic;
+use crate::installed::{adopt_source, expert_store, manifest_path, read_manifest};
 use crate::{Error, Result};
 
 /// Which experts a home gets.
@@ -72,7 +73,7 @@ pub fn populate_home(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<PopulateReport> {
     let inv = Arc::new(Inventory::from_dir(root)?);
-    let index = Arc::new(crate::models::ModelKind::detect(root)?.expert_index(root, &inv)?);
+    let index = Arc::new(crate::models::family(root)?.expert_index(root, &inv)?);
     let want = selection(&index, sel)?;
     let home = DiskCache::new(dir, CacheAdvice::Auto)?;
     // Records this checkpoint's identity (and drops experts a different one left here).

@@ -1,17 +1,19 @@
-//! Installing K3 from the hub: `setup` (full or streaming, with a disk plan), `fetch-experts`
-//! (finish a streaming install) and the `warm-cache` plan from router traces.
+//! The installer: `setup` from the hub (full or streaming, with a disk plan; the model's family
+//! names its files and builds what it needs from the dense tensors), `fetch-experts` (finish a
+//! streaming install) and the `warm-cache` plan from router traces. What an install leaves on
+//! disk and how the engine opens it is `installed`; this module writes it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::checkpoint::inventory::{discover_shards, remote_headers_dir};
-use crate::checkpoint::{Dtype, ExpertIndex, Inventory};
+use crate::checkpoint::{Dtype, Inventory};
 use crate::experts::{CacheAdvice, DiskCache, TieredOptions};
 use crate::fsio::atomic::write_atomic;
 use crate::hub::HubRepo;
-use crate::spine::convert::{convert_spine, convert_spine_from, SpineFormat, TensorBytes};
-use crate::{Error, K3Config, Result};
+use crate::spine::convert::TensorBytes;
+use crate::{Error, Result};
 
 mod download;
 pub mod homes;
@@ -22,64 +24,9 @@ pub use download::part_name;
 pub use layers::parse_layers;
 pub use setup::setup;
 
-/// Where the install manifest lives.
-pub fn manifest_path(root: &Path) -> PathBuf {
-    root.join("deltafin-meta").join("install.json")
-}
-
-/// Written when `setup` starts (repo and requested revision); an install is finished once
-/// `install.json` exists too.
-pub fn setup_marker(root: &Path) -> PathBuf {
-    root.join("deltafin-meta").join("setup.json")
-}
-
-/// What `setup` installed.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Manifest {
-    /// `full` (shards local) or `stream` (experts fetched on demand into `experts/`).
-    pub mode: Mode,
-    /// Hub repository.
-    pub repo: String,
-    /// The commit the install was made from (resolved at setup; every later fetch asks for it).
-    pub revision: Option<String>,
-    /// The revision asked for at setup (a branch or tag; informational).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requested: Option<String>,
-    /// The fingerprint of the checkpoint installed (`checkpoint::source`): what the spine store
-    /// and the expert cache must have been built from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fingerprint: Option<String>,
-    /// Storage homes (`populate-home`): directories on other drives holding experts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub homes: Vec<PathBuf>,
-}
-
-/// Reads the install manifest, if any.
-pub fn read_manifest(root: &Path) -> Option<Manifest> {
-    Manifest::parse(&std::fs::read(manifest_path(root)).ok()?)
-}
-
-impl Manifest {
-    /// Parses `install.json` (`None` if it is not a manifest).
-    pub fn parse(bytes: &[u8]) -> Option<Manifest> {
-        serde_json::from_slice(bytes).ok()
-    }
-}
-
-/// The raw-span expert cache directory of an install.
-pub fn experts_dir(root: &Path) -> PathBuf {
-    root.join("experts")
-}
-
-/// Install mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Download every shard.
-    Full,
-    /// Download metadata and the spine; experts are fetched on demand.
-    Stream,
-}
+use crate::installed::{
+    adopt_source, experts_dir, manifest_path, read_manifest, setup_marker, Manifest, Mode,
+};
 
 /// `setup` settings.
 #[derive(Debug, Clone)]
@@ -133,40 +80,10 @@ impl TensorBytes for RemoteTensors<'_> {
     }
 }
 
-pub use crate::runtime::engine::expert_store;
-
-/// Ties an expert cache to this checkpoint's shards: cached experts read from a shard whose
-/// identity changed since they were cached are removed (they are fetched again).
-pub fn adopt_source(cache: &DiskCache, inv: &Inventory, index: &ExpertIndex) -> Result<usize> {
-    let ids = crate::checkpoint::Source::of(inv).shard_ids();
-    let shard_of: HashMap<&str, usize> = inv
-        .shards
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.file.as_str(), i))
-        .collect();
-    cache.adopt_source(&ids, |unit| {
-        let Some(&si) = shard_of.get(unit) else {
-            return Vec::new();
-        };
-        index
-            .spans
-            .iter()
-            .enumerate()
-            .flat_map(|(l, es)| {
-                es.iter()
-                    .enumerate()
-                    .filter(move |(_, s)| s.shard == si)
-                    .map(move |(e, _)| (l, e))
-            })
-            .collect()
-    })
-}
-
 /// Decoder layers of the checkpoint in `root` (the expert index's, whatever the family).
 pub fn layer_count(root: &Path) -> Result<usize> {
     let inv = Inventory::from_dir(root)?;
-    Ok(crate::models::ModelKind::detect(root)?
+    Ok(crate::models::family(root)?
         .expert_index(root, &inv)?
         .spans
         .len())
@@ -178,7 +95,7 @@ pub fn missing_experts(
     layers: Option<&[usize]>,
 ) -> Result<Vec<(usize, Vec<usize>, u64)>> {
     let inv = Inventory::from_dir(root)?;
-    let index = crate::models::ModelKind::detect(root)?.expert_index(root, &inv)?;
+    let index = crate::models::family(root)?.expert_index(root, &inv)?;
     let dir = experts_dir(root);
     let mut out = Vec::new();
     // The MoE layers: those with routed experts.
@@ -219,16 +136,16 @@ pub fn fetch_experts(root: &Path, todo: &[(usize, Vec<usize>, u64)]) -> Result<(
         ));
     }
     let inv = Arc::new(Inventory::from_dir(root)?);
-    let index = Arc::new(crate::models::ModelKind::detect(root)?.expert_index(root, &inv)?);
+    let index = Arc::new(crate::models::family(root)?.expert_index(root, &inv)?);
     let opts = TieredOptions {
         ram_budget: 0,
         prefetch_previous: false,
         advice: CacheAdvice::Auto,
         ..Default::default()
     };
-    let store = expert_store(root, inv, index, &opts, None)?;
+    let store = crate::installed::expert_store(root, inv, index, &opts, None)?;
     let total: u64 = todo.iter().map(|t| t.2).sum();
-    let bar = crate::progress::bytes_bar(total, "fetching experts");
+    let bar = crate::progress::Bar::bytes(total, "fetching experts");
     for (l, ids, bytes) in todo {
         for chunk in ids.chunks(16) {
             store.warm_disk_cache(*l, chunk)?;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::download::{download_shard, write_hub_shards};
 use super::*;
 use crate::checkpoint::source::{is_sha256, read_hub_shards, sha256_hex, HubShard};
-use crate::models::ModelKind;
+use crate::runtime::family::ModelFamily;
 
 fn fetch_to(hub: &HubRepo, root: &Path, file: &str, required: bool) -> Result<bool> {
     let got = hub.metadata(file).and_then(|m| {
@@ -109,7 +109,7 @@ fn existing_ancestor(p: &Path) -> PathBuf {
 
 type Planned = (
     Plan,
-    ModelKind,
+    &'static dyn ModelFamily,
     Vec<String>,
     BTreeMap<String, HubShard>,
     HubRepo,
@@ -132,8 +132,8 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
     fetch_to(&hub, root, "config.json", true)
         .map_err(|e| Error::Msg(format!("setup: config.json: {e}")))?;
     // The family (config.json's model_type) names the other files it needs.
-    let kind = ModelKind::detect(root)?;
-    for &(f, required) in kind.metadata_files() {
+    let family = crate::models::family(root)?;
+    for &(f, required) in family.metadata_files() {
         fetch_to(&hub, root, f, required).map_err(|e| Error::Msg(format!("setup: {f}: {e}")))?;
     }
     let shards = discover_shards(root)?;
@@ -165,16 +165,13 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
             .as_bytes(),
     )?;
     let inv = Inventory::from_dir(root)?;
-    let index = kind.expert_index(root, &inv)?;
+    let index = family.expert_index(root, &inv)?;
     let shard_bytes: u64 = sizes.values().filter_map(|v| v.as_u64()).sum();
     let expert_bytes: u64 = index.spans.iter().flatten().map(|s| s.len()).sum();
     let spine_bytes = shard_bytes - expert_bytes;
     let margin = |b: u64| b / 50 + (64 << 20);
-    // K3 converts a spine store beside the shards; gpt-oss maps its shards as they are.
-    let store_copy = match kind {
-        ModelKind::K3 => spine_bytes,
-        ModelKind::GptOss => 0,
-    };
+    // A converted copy of the dense tensors beside the shards, when the family makes one.
+    let store_copy = family.dense_copy_bytes(spine_bytes);
     let full_bytes = shard_bytes + store_copy + margin(shard_bytes + store_copy);
     let stream_bytes = spine_bytes + margin(spine_bytes);
     let free = free_bytes(&disk);
@@ -183,7 +180,7 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
     } else {
         Mode::Stream
     });
-    let hb = indicatif::HumanBytes;
+    let hb = crate::progress::human_bytes;
     say(&format!(
         "disk plan: a full install needs {}, streaming {} now (+ up to {} of experts as they are used); {} free; mode: {:?}",
         hb(full_bytes),
@@ -199,14 +196,14 @@ fn plan_in(opts: &SetupOptions, disk: PathBuf, say: &mut impl FnMut(&str)) -> Re
         free_bytes: free,
         expert_bytes,
     };
-    Ok((plan, kind, shards, metas, hub))
+    Ok((plan, family, shards, metas, hub))
 }
 
 /// A full install: every shard downloaded (resumed, verified, recorded one by one), then the
 /// spine store converted from them.
 fn install_full(
     root: &Path,
-    kind: ModelKind,
+    family: &dyn ModelFamily,
     shards: &[String],
     metas: &BTreeMap<String, HubShard>,
     hub: &HubRepo,
@@ -223,7 +220,7 @@ fn install_full(
         .collect();
     write_hub_shards(root, &record)?;
     let shard_bytes: u64 = metas.values().map(|m| m.size).sum();
-    let bar = crate::progress::bytes_bar(shard_bytes, "downloading shards");
+    let bar = crate::progress::Bar::bytes(shard_bytes, "downloading shards");
     for s in shards {
         let Some(want) = metas.get(s) else { continue };
         let got = download_shard(hub, root, s, want, record.get(s), &bar)?;
@@ -231,19 +228,14 @@ fn install_full(
         write_hub_shards(root, &record)?;
     }
     bar.finish_and_clear();
-    if kind == ModelKind::K3 {
-        let cfg = K3Config::from_file(&root.join("config.json"))?;
-        let inv = Inventory::from_dir(root)?;
-        convert_spine(&inv, cfg.num_layers(), root, SpineFormat::Bf16, |_, _| {})?;
-    }
-    Ok(())
+    family.finish_full_install(root)
 }
 
-/// A streaming install: no shard is local; the dense tensors are copied from range reads (K3:
-/// into the spine store; gpt-oss: into one dense file the model maps).
+/// A streaming install: no shard is local; the family builds what it opens from the dense
+/// tensors' range reads (a spine store, or one dense file the model maps).
 fn install_stream(
     root: &Path,
-    kind: ModelKind,
+    family: &dyn ModelFamily,
     metas: &BTreeMap<String, HubShard>,
     hub: &HubRepo,
 ) -> Result<()> {
@@ -251,32 +243,10 @@ fn install_stream(
     write_hub_shards(root, metas)?;
     let inv = Inventory::from_dir(root)?;
     let remote = RemoteTensors { hub, inv: &inv };
-    match kind {
-        ModelKind::K3 => {
-            let cfg = K3Config::from_file(&root.join("config.json"))?;
-            let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
-            convert_spine_from(
-                &remote,
-                &inv,
-                cfg.num_layers(),
-                root,
-                SpineFormat::Bf16,
-                |d, _| bar.set_position(d as u64),
-            )?;
-            bar.finish_and_clear();
-        }
-        ModelKind::GptOss => {
-            let total = crate::models::gpt_oss::dense::dense_bytes(&inv);
-            let bar = crate::progress::bytes_bar(total, "dense tensors");
-            crate::models::gpt_oss::dense::write_dense(root, &inv, &remote, |d, _| {
-                bar.set_position(d)
-            })?;
-            bar.finish_and_clear();
-        }
-    }
+    family.install_dense(root, &inv, &remote)?;
     // Experts cached from shards this upload changed are dropped now, not at first use.
     let cache = DiskCache::new(&experts_dir(root), CacheAdvice::Auto)?;
-    adopt_source(&cache, &inv, &kind.expert_index(root, &inv)?)?;
+    adopt_source(&cache, &inv, &family.expert_index(root, &inv)?)?;
     Ok(())
 }
 
@@ -285,7 +255,7 @@ fn install_stream(
 fn install(
     opts: &SetupOptions,
     plan: Plan,
-    kind: ModelKind,
+    family: &dyn ModelFamily,
     shards: Vec<String>,
     metas: BTreeMap<String, HubShard>,
     hub: HubRepo,
@@ -297,7 +267,7 @@ fn install(
         plan.stream_bytes,
         plan.free_bytes,
     );
-    let hb = indicatif::HumanBytes;
+    let hb = crate::progress::human_bytes;
     let needed = if mode == Mode::Full {
         full_bytes
     } else {
@@ -312,8 +282,8 @@ fn install(
         )));
     }
     match mode {
-        Mode::Full => install_full(root, kind, &shards, &metas, &hub)?,
-        Mode::Stream => install_stream(root, kind, &metas, &hub)?,
+        Mode::Full => install_full(root, family, &shards, &metas, &hub)?,
+        Mode::Stream => install_stream(root, family, &metas, &hub)?,
     }
     let m = Manifest {
         mode,

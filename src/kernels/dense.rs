@@ -36,7 +36,7 @@ pub struct DenseMatrix<'a> {
     /// Input columns.
     pub cols: usize,
     /// Where the same bytes lie on the compute device (a template layer), if anywhere.
-    pub device: Option<crate::spine::DeviceRef<'a>>,
+    pub device: Option<DeviceRef<'a>>,
 }
 
 /// Lanes of the dense reduction.
@@ -388,3 +388,14 @@ pub fn quantize_row_int8(row: &[f32]) -> (Vec<i8>, half::f16) {
 #[cfg(test)]
 #[path = "dense_tests.rs"]
 mod tests;
+
+/// Where a matrix's bytes lie in its layer's device copy.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceRef<'a> {
+    /// The layer's copy (the spine's `DeviceCopy`, opaque: `compute` downcasts it).
+    pub copy: &'a (dyn std::any::Any + Send + Sync),
+    /// Byte offset of the matrix in the layer.
+    pub data: usize,
+    /// Byte offset of its row scales (row-int8), else equal to `data`.
+    pub scales: usize,
+}

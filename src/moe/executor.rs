@@ -3,7 +3,7 @@
 //! run each batch as soon as its bytes are in while later reads are in flight, and combine each
 //! row's experts in its own top-k order, so the result depends neither on arrival order nor on
 //! the other rows. Knows no model: the expert is an `ExpertFfn` value, the routes come from the
-//! caller (`Gating`), and the device seam (`compute::run_experts`) runs the experts.
+//! caller (`Gating`), and `device::run_experts` runs the experts on the device.
 
 use std::collections::BTreeMap;
 
@@ -147,7 +147,7 @@ impl RoutedExperts {
         let slots = ids
             .iter()
             .flat_map(|e| rows[e].iter().map(|&(ti, s)| ti * k + s));
-        let y = crate::compute::run_experts(device, kernel, &self.ffn, bytes, &pairs, z)?;
+        let y = super::device::run_experts(device, kernel, &self.ffn, bytes, &pairs, z)?;
         for (yp, at) in y.chunks_exact(w.max(1)).zip(slots) {
             ys[at * w..(at + 1) * w].copy_from_slice(yp);
         }

@@ -6,6 +6,7 @@
 //! model. K3's latent MoE (`model::moe`) is one user; `tests/moe_reuse.rs` builds gpt-oss- and
 //! Qwen3-MoE-shaped blocks from this API alone.
 
+pub mod device;
 mod executor;
 mod ffn;
 mod gating;

@@ -1,16 +1,18 @@
-//! The runtime around a model: the `Engine` and its `Session`s (`engine`), the decoding loop
-//! with its stop rules and speculation (`generate`), and the one memory budget every consumer is
-//! charged against (`memory`), and the prompt cache (`prompt_cache`: states saved where requests
-//! diverge, in RAM and on disk). It calls the model through its forward entry and owns no math;
-//! the crate root re-exports the three modules (`deltafin::engine`, `deltafin::generate`,
-//! `deltafin::memory`).
+//! The contract between the runtime and a model, and what runs around it without knowing which
+//! model it is: the `Model` trait and its call types (`model`), the family contract
+//! (`family::ModelFamily`) and the load options every family takes (`load`), the observer hook
+//! (`observe`), the sequence state and the per-position row cache (`state`, `row_cache`), the
+//! decoding loop with its stop rules and speculation (`generate`) and the one memory budget every
+//! consumer is charged against (`memory`). The engine, its sessions, the batch scheduler and the
+//! prompt cache, which open a model by its family, are `crate::engine`. Names no family.
 
-pub mod batch;
-pub mod engine;
+pub mod family;
 pub mod generate;
+pub mod load;
 pub mod memory;
 pub mod model;
 pub mod observe;
-pub mod prompt_cache;
+pub mod observers;
+pub mod rollback;
 pub mod row_cache;
 pub mod state;

@@ -1,23 +1,22 @@
 //! `Model`: what the runtime asks of a model. The engine, the session, the generator, the
 //! batch scheduler, the prompt cache and the server hold a `dyn Model` and call only this; a
 //! model family (`models::k3`, `models::gpt_oss`, or a Candle user's own) implements it over
-//! the shared stores. Owns the contract, no model and no math. The call and state types it
-//! names are here (`Forward`, `Logits`, `Output`, `BatchItem`) or in the runtime (`SeqState`,
-//! `Observer`, `RowCache`); K3's layer states (KDA, MLA) and its verify record (`Rollback`,
-//! which also keeps a prefix of row caches) still live under `models::k3`.
+//! the shared stores. Owns the contract, no model and no math. The call types are here
+//! (`Forward`, `Logits`, `Output`, `BatchItem`); the state, the observer hook and the verify
+//! record are the runtime's (`state`, `observe`, `rollback`). Names no family.
 
-use std::any::Any;
 use std::sync::Arc;
 
-use candle::Tensor;
+use candle::{Device, Tensor};
 
-pub use crate::models::k3::Rollback;
-pub use crate::runtime::observe::{Event, Observer};
-pub use crate::runtime::state::SeqState;
+use crate::runtime::observe::Observer;
+use crate::runtime::rollback::Rollback;
+use crate::runtime::state::SeqState;
 
 use crate::chat::ChatFormat;
-use crate::experts::ExpertStats;
-use crate::memory::MemoryPlan;
+use crate::experts::{ExpertProvider, ExpertStats};
+use crate::runtime::memory::MemoryPlan;
+use crate::spine::source::SpineReport;
 use crate::Result;
 
 /// Which logits a forward call returns.
@@ -83,7 +82,9 @@ pub fn check_batch(
     Ok(())
 }
 
-/// A causal language model the runtime can drive.
+/// A causal language model the runtime can drive. The first group is what every model must
+/// do; the rest are abilities with a default a family overrides when it has them (a batched
+/// pass that shares weight reads, verify passes, a memory plan, read counters, a streamed spine).
 pub trait Model: Send + Sync {
     /// A fresh, empty sequence state.
     fn new_state(&self) -> SeqState;
@@ -93,23 +94,9 @@ pub trait Model: Send + Sync {
     /// was set (the state then returned to where it was).
     fn run(&self, ids: &[u32], state: &mut SeqState, f: &Forward<'_>) -> Result<Option<Output>>;
 
-    /// One pass over the rows of several sequences; each item's logits are bit-identical to
-    /// `run` on that item alone.
-    fn run_batch(
-        &self,
-        items: &mut [BatchItem<'_>],
-        observer: Option<&dyn Observer>,
-    ) -> Result<Vec<Output>>;
-
     /// Refuses what `run` would refuse (no ids, ids past the vocabulary, growth past the
     /// context limit) without touching the state.
     fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()>;
-
-    /// Keeps the first `rows` positions of a verify pass (`Forward::undo`).
-    fn keep(&self, rb: Rollback, state: &mut SeqState, rows: usize) -> Result<()>;
-
-    /// Whether verify passes are row-independent here (speculative decoding allowed).
-    fn can_verify(&self) -> bool;
 
     /// Most positions a sequence may hold.
     fn context_limit(&self) -> usize;
@@ -126,29 +113,92 @@ pub trait Model: Send + Sync {
     /// The chat format the model was trained on.
     fn chat_format(&self) -> ChatFormat;
 
-    /// Most positions of one sequence in one batched pass.
-    fn pass_len(&self) -> usize;
-
-    /// The memory plan the model was opened under, if any.
-    fn plan(&self) -> Option<&MemoryPlan>;
-
-    /// Bytes of dense (spine) weights read from storage so far.
-    fn dense_bytes_read(&self) -> u64;
-
-    /// Where experts came from so far, when the provider counts it.
-    fn expert_stats(&self) -> Option<ExpertStats>;
-
     /// Adds an observer to every pass.
     fn observe(&mut self, o: Arc<dyn Observer>);
 
     /// Removes every observer.
     fn clear_observers(&mut self);
 
-    /// The concrete model (for tools that need one family's internals).
-    fn as_any(&self) -> &dyn Any;
+    /// The device the model computes on.
+    fn device(&self) -> &Device;
 
-    /// The concrete model, mutable.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// One pass over the rows of several sequences; each item's logits are bit-identical to
+    /// `run` on that item alone. The default runs the items one after another; a model that
+    /// shares weight and expert reads across the batch overrides it.
+    fn run_batch(
+        &self,
+        items: &mut [BatchItem<'_>],
+        observer: Option<&dyn Observer>,
+    ) -> Result<Vec<Output>> {
+        let mut out = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            let f = Forward {
+                observer,
+                logits: it.logits,
+                undo: it.undo,
+                ..Default::default()
+            };
+            let o = self
+                .run(it.ids, it.state, &f)?
+                .ok_or_else(|| crate::Error::Msg("a batched pass was cancelled".into()))?;
+            out.push(o);
+        }
+        Ok(out)
+    }
+
+    /// Most positions of one sequence in one batched pass.
+    fn pass_len(&self) -> usize {
+        self.context_limit()
+    }
+
+    /// Whether verify passes (`Forward::undo`) are row-independent here, so speculative
+    /// decoding may use them. Default: no.
+    fn can_verify(&self) -> bool {
+        false
+    }
+
+    /// Keeps the first `rows` positions of a verify pass (`Forward::undo`). A model that
+    /// tells its observers (`Event::Kept`) overrides it.
+    fn keep(&self, rb: Rollback, state: &mut SeqState, rows: usize) -> Result<()> {
+        rb.keep(state, rows)
+    }
+
+    /// The memory plan the model was opened under, if any.
+    fn plan(&self) -> Option<&MemoryPlan> {
+        None
+    }
+
+    /// Bytes of dense (spine) weights read from storage so far.
+    fn dense_bytes_read(&self) -> u64 {
+        0
+    }
+
+    /// Where experts came from so far, when the provider counts it.
+    fn expert_stats(&self) -> Option<ExpertStats> {
+        None
+    }
+
+    /// The routed-expert store, for tools that watch it (layer profile, prefetch reports).
+    fn experts(&self) -> Option<&Arc<dyn ExpertProvider>> {
+        None
+    }
+
+    /// Routed experts chosen per token and available per MoE layer `(top_k, experts)`, for
+    /// reports that compare with random routing.
+    fn routing(&self) -> Option<(usize, usize)> {
+        None
+    }
+
+    /// The spine's layout (pinned and streamed layers, bytes one pass reads from storage);
+    /// `None` when the dense weights are mapped as they are (nothing re-read per pass).
+    fn spine_report(&self) -> Option<SpineReport> {
+        None
+    }
+
+    /// How the model runs, for reports: its device, kernels and dense-weight layout.
+    fn describe(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 }
 
 impl dyn Model + '_ {
@@ -168,16 +218,6 @@ impl dyn Model + '_ {
         self.run(ids, state, &f)?
             .map(|o| o.logits)
             .ok_or_else(|| crate::Error::Msg("forward was cancelled".into()))
-    }
-
-    /// The model as `T`, when it is one.
-    pub fn downcast<T: 'static>(&self) -> Option<&T> {
-        self.as_any().downcast_ref::<T>()
-    }
-
-    /// The model as a mutable `T`, when it is one.
-    pub fn downcast_mut<T: 'static>(&mut self) -> Option<&mut T> {
-        self.as_any_mut().downcast_mut::<T>()
     }
 
     /// Bytes read from storage so far: dense weights and expert spans (homes, shards, the

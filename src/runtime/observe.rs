@@ -21,12 +21,12 @@ pub enum Event<'a> {
         /// Positions in the pass.
         tokens: usize,
     },
-    /// The layer's spine bytes are in hand (`attn`: `kda`/`mla`, `ffn`: `dense`/`moe`).
+    /// The layer's dense weights are in hand.
     LayerReady {
-        /// Attention kind.
-        attn: crate::config::AttnKind,
-        /// Feed-forward kind.
-        ffn: crate::config::FfnKind,
+        /// The attention's kind, as the model labels it (K3: `kda`/`mla`).
+        attn: &'static str,
+        /// The feed-forward's kind (`dense`/`moe`).
+        ffn: &'static str,
     },
     /// AttnRes mixing and the input norm are done; attention starts.
     AttentionIn,

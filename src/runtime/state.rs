@@ -1,30 +1,40 @@
-//! `SeqState`: every per-sequence state of a model on the runtime. Buffers are shared
-//! copy-on-write, so a snapshot is a cheap clone and restoring it continues bit-identically.
-//! A layer holds K3's KDA or MLA state (their types are K3's) or a key/value row cache (any
-//! other model's attention, e.g. gpt-oss). A `Mark` is the
-//! lighter record a cancellable prefill keeps: MLA caches only grow, so their lengths suffice,
-//! and only the KDA states are shared (at most one copy of them while the pass runs).
+//! `SeqState`: every per-sequence state of a model on the runtime, in two generic forms a
+//! family builds its layers' states from: a row cache (one row per position: attention's keys
+//! and values, K3's MLA latent rows) and a fixed-size recurrent state (f32 buffers: K3's KDA
+//! conv history and recurrent matrix). Buffers are shared copy-on-write, so a snapshot is a
+//! cheap clone and restoring it continues bit-identically. A `Mark` is the lighter record a
+//! cancellable prefill keeps: row caches only grow, so their lengths suffice, and the recurrent
+//! buffers are shared (at most one copy of them while the pass runs). Owns the state's shape,
+//! saving and accounting; what the rows and buffers mean is the family's, and no family's
+//! type is named here.
 
-use super::row_cache::RowCache as LatentCache;
-use crate::models::k3::kda::KdaState;
-use crate::models::k3::mla::MlaState;
+use std::sync::Arc;
 
-/// State of one layer's attention.
-#[derive(Debug, Clone)]
-pub enum LayerState {
-    /// KDA conv histories and recurrent matrix.
-    Kda(KdaState),
-    /// MLA latent cache.
-    Mla(MlaState),
-    /// A key/value row cache (another model's attention, e.g. gpt-oss).
-    Kv(KvState),
+use super::row_cache::RowCache;
+
+/// A fixed-size recurrent state: f32 buffers, shared copy-on-write (`Arc::make_mut` to write).
+#[derive(Debug, Clone, Default)]
+pub struct Recurrent {
+    /// The buffers, in the family's order.
+    pub buffers: Vec<Arc<Vec<f32>>>,
 }
 
-/// A key/value cache: one row per position (the model decides the row's layout).
+impl Recurrent {
+    /// A state of zeroed buffers of `lens` floats each.
+    pub fn zeros(lens: &[usize]) -> Recurrent {
+        Recurrent {
+            buffers: lens.iter().map(|&n| Arc::new(vec![0.0; n])).collect(),
+        }
+    }
+}
+
+/// State of one layer.
 #[derive(Debug, Clone)]
-pub struct KvState {
-    /// The rows.
-    pub cache: LatentCache,
+pub enum LayerState {
+    /// One row per position consumed.
+    Rows(RowCache),
+    /// A fixed-size recurrent state.
+    Recurrent(Recurrent),
 }
 
 /// All per-sequence state.
@@ -51,8 +61,8 @@ impl SeqState {
 /// Where one layer stood at a `Mark`.
 #[derive(Debug)]
 enum LayerMark {
-    Kda(KdaState),
-    /// A row cache's length (MLA or key/value).
+    Recurrent(Recurrent),
+    /// A row cache's length.
     Rows(usize),
 }
 
@@ -64,7 +74,7 @@ pub struct Mark {
 }
 
 impl SeqState {
-    /// Records the current position: the KDA states (shared) and the MLA cache lengths.
+    /// Records the current position: the recurrent states (shared) and the row cache lengths.
     pub fn mark(&self) -> Mark {
         Mark {
             pos: self.pos,
@@ -72,9 +82,8 @@ impl SeqState {
                 .layers
                 .iter()
                 .map(|l| match l {
-                    LayerState::Kda(k) => LayerMark::Kda(k.clone()),
-                    LayerState::Mla(m) => LayerMark::Rows(m.cache.len()),
-                    LayerState::Kv(m) => LayerMark::Rows(m.cache.len()),
+                    LayerState::Recurrent(r) => LayerMark::Recurrent(r.clone()),
+                    LayerState::Rows(c) => LayerMark::Rows(c.len()),
                 })
                 .collect(),
         }
@@ -86,9 +95,8 @@ impl SeqState {
         self.pos = mark.pos;
         for (l, m) in self.layers.iter_mut().zip(mark.layers) {
             match (l, m) {
-                (LayerState::Kda(k), LayerMark::Kda(old)) => *k = old,
-                (LayerState::Mla(s), LayerMark::Rows(len)) => s.cache.truncate(len),
-                (LayerState::Kv(s), LayerMark::Rows(len)) => s.cache.truncate(len),
+                (LayerState::Recurrent(r), LayerMark::Recurrent(old)) => *r = old,
+                (LayerState::Rows(c), LayerMark::Rows(len)) => c.truncate(len),
                 // A mark is only taken from this state, so the kinds always match.
                 _ => {}
             }
@@ -101,7 +109,7 @@ impl SeqState {
 pub struct ArrayInfo {
     /// Layer index.
     pub layer: usize,
-    /// `kda.conv`, `kda.s` or `mla.rows`.
+    /// Which buffer of the layer's state.
     pub what: ArrayKind,
     /// Floats held.
     pub len: usize,
@@ -111,14 +119,10 @@ pub struct ArrayInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ArrayKind {
-    /// KDA's conv histories `[3, W−1, P]`.
-    KdaConv,
-    /// KDA's recurrent matrices `[H, K, V]`.
-    KdaS,
-    /// MLA's latent rows `[pos, width]`.
-    MlaRows,
-    /// A key/value cache's rows `[pos, width]`.
-    KvRows,
+    /// Buffer `n` of a recurrent state (a fixed size).
+    Recurrent(usize),
+    /// A row cache's rows `[pos, width]` (grows with the position).
+    Rows,
 }
 
 impl SeqState {
@@ -128,17 +132,14 @@ impl SeqState {
         for (layer, l) in self.layers.iter().enumerate() {
             let info = |what, len| ArrayInfo { layer, what, len };
             match l {
-                LayerState::Kda(k) => {
-                    out.push((info(ArrayKind::KdaConv, k.conv.len()), k.conv.as_slice()));
-                    out.push((info(ArrayKind::KdaS, k.s.len()), k.s.as_slice()));
+                LayerState::Recurrent(r) => {
+                    for (i, b) in r.buffers.iter().enumerate() {
+                        out.push((info(ArrayKind::Recurrent(i), b.len()), b.as_slice()));
+                    }
                 }
-                LayerState::Mla(m) => {
-                    let r = m.cache.rows();
-                    out.push((info(ArrayKind::MlaRows, r.len()), r));
-                }
-                LayerState::Kv(m) => {
-                    let r = m.cache.rows();
-                    out.push((info(ArrayKind::KvRows, r.len()), r));
+                LayerState::Rows(c) => {
+                    let r = c.rows();
+                    out.push((info(ArrayKind::Rows, r.len()), r));
                 }
             }
         }
@@ -151,16 +152,16 @@ impl SeqState {
         let mut bytes = 0u64;
         for l in &self.layers {
             match l {
-                LayerState::Kda(k) => {
-                    for b in [&k.conv, &k.s] {
-                        if seen.insert(std::sync::Arc::as_ptr(b) as usize) {
+                LayerState::Recurrent(r) => {
+                    for b in &r.buffers {
+                        if seen.insert(Arc::as_ptr(b) as usize) {
                             bytes += 4 * b.capacity() as u64;
                         }
                     }
                 }
-                LayerState::Mla(MlaState { cache }) | LayerState::Kv(KvState { cache }) => {
-                    if seen.insert(cache.buffer_id()) {
-                        bytes += cache.capacity_bytes() as u64;
+                LayerState::Rows(c) => {
+                    if seen.insert(c.buffer_id()) {
+                        bytes += c.capacity_bytes() as u64;
                     }
                 }
             }
@@ -169,24 +170,25 @@ impl SeqState {
     }
 
     /// A state at position `pos` with `arrays` (in `arrays()`'s order) on this state's layout
-    /// (a fresh state of the same model: its KDA buffers give the sizes, its MLA caches the
-    /// width and the context limit). `None` when the arrays do not fit the layout.
+    /// (a fresh state of the same model: its recurrent buffers give the sizes, its row caches
+    /// the width and the context limit). `None` when the arrays do not fit the layout.
     pub fn with_arrays(&self, pos: usize, arrays: Vec<Vec<f32>>) -> Option<SeqState> {
         let mut it = arrays.into_iter();
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             layers.push(match l {
-                LayerState::Kda(k) => {
-                    let (conv, s) = (it.next()?, it.next()?);
-                    if conv.len() != k.conv.len() || s.len() != k.s.len() {
-                        return None;
+                LayerState::Recurrent(r) => {
+                    let mut buffers = Vec::with_capacity(r.buffers.len());
+                    for b in &r.buffers {
+                        let a = it.next()?;
+                        if a.len() != b.len() {
+                            return None;
+                        }
+                        buffers.push(Arc::new(a));
                     }
-                    LayerState::Kda(KdaState {
-                        conv: std::sync::Arc::new(conv),
-                        s: std::sync::Arc::new(s),
-                    })
+                    LayerState::Recurrent(Recurrent { buffers })
                 }
-                LayerState::Mla(MlaState { cache: c }) | LayerState::Kv(KvState { cache: c }) => {
+                LayerState::Rows(c) => {
                     let rows = it.next()?;
                     if rows.len() != pos * c.width().max(1) {
                         return None;
@@ -194,10 +196,7 @@ impl SeqState {
                     let mut cache = c.clone();
                     cache.truncate(0);
                     cache.append(&rows);
-                    match l {
-                        LayerState::Mla(_) => LayerState::Mla(MlaState { cache }),
-                        _ => LayerState::Kv(KvState { cache }),
-                    }
+                    LayerState::Rows(cache)
                 }
             });
         }

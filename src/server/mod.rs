@@ -1,6 +1,6 @@
 //! An OpenAI-compatible server (axum) over an `Engine`: `/v1/models`, `/v1/chat/completions`,
 //! `/v1/completions`, streaming or not. Generations run on the engine's batch scheduler
-//! (`crate::runtime::batch`): up to `max_batch` share each pass, a bounded FIFO queue holds the
+//! (`crate::engine::batch`): up to `max_batch` share each pass, a bounded FIFO queue holds the
 //! next ones (429 with `Retry-After` only when both are full). A place is reserved before the
 //! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
@@ -27,7 +27,7 @@ pub use ops::loading_router;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
-use crate::runtime::batch::{BatchOptions, Scheduler};
+use crate::engine::batch::{BatchOptions, Scheduler};
 use crate::Engine;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, StatusCode};
@@ -56,7 +56,7 @@ pub struct ServerConfig {
     /// Seconds between SSE comment keep-alives.
     pub keepalive_secs: u64,
     /// Speculative decoding for every request (the output is the same either way).
-    pub speculation: crate::generate::Speculation,
+    pub speculation: crate::runtime::generate::Speculation,
     /// Reasoning effort when a request names none (`serve` passes `K3_REASONING_EFFORT`).
     pub default_effort: Option<String>,
     /// Resume requests from the engine's prompt cache (one in RAM is attached when the engine
@@ -117,7 +117,7 @@ impl AppState {
     /// `--prompt-cache DIR`, before this).
     pub fn new(mut engine: Engine, cfg: ServerConfig) -> Arc<Self> {
         if cfg.prompt_cache && engine.prompt_cache().is_none() {
-            let mut opts = crate::runtime::prompt_cache::PromptCacheOptions::default();
+            let mut opts = crate::engine::prompt_cache::PromptCacheOptions::default();
             if let Some(p) = engine.model().plan().filter(|p| p.prompt_cache > 0) {
                 opts.ram_bytes = p.prompt_cache;
             }
@@ -163,7 +163,7 @@ impl AppState {
     }
 
     /// What the batch scheduler has done so far.
-    pub fn batch_stats(&self) -> crate::runtime::batch::BatchStats {
+    pub fn batch_stats(&self) -> crate::engine::batch::BatchStats {
         self.scheduler.stats()
     }
 }

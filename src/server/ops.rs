@@ -274,7 +274,7 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             e.read_wait_s,
         );
     }
-    let (rss, peak) = crate::memory::rss();
+    let (rss, peak) = crate::runtime::memory::rss();
     line(
         &mut out,
         "deltafin_rss_bytes",

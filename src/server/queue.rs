@@ -13,9 +13,9 @@ use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
 use crate::chat::{ChatSplitter, Delta, JsonReply, ReplySplitter, ToolForcer};
-use crate::generate::sample::Sampler;
-use crate::generate::StopReason;
-use crate::runtime::batch::{Request, SeqEvent};
+use crate::engine::batch::{Request, SeqEvent};
+use crate::runtime::generate::sample::Sampler;
+use crate::runtime::generate::StopReason;
 use crate::tokenizer::StreamDecoder;
 use crate::GenerateOptions;
 
@@ -254,7 +254,7 @@ pub(super) fn start(
         let _ = tx.send(Ev::PromptLogprob(first));
         Box::new(move |pos: usize, row: &[f32]| {
             let _ = tx.send(Ev::PromptLogprob(super::logprobs::of(row, ids[pos], top)));
-        }) as crate::runtime::batch::PromptLogits
+        }) as crate::engine::batch::PromptLogits
     });
     let req = Request {
         ids,

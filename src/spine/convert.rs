@@ -6,10 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::dense::quantize_row_int8;
 use super::layer::{file_source, is_current, write_file};
 use super::{to_f32, ShardSpine};
 use crate::checkpoint::{Dtype, Inventory};
+use crate::kernels::dense::quantize_row_int8;
 use crate::{Error, Result};
 
 /// Spine storage format.

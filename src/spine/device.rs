@@ -1,7 +1,8 @@
 //! The spine's seam to a compute device. The spine holds bytes; a device that wants its own copy
 //! of a layer (Metal's template layers and pinned copies) implements `DeviceSide`, which
 //! `compute` creates and the spine only calls. The copy it attaches is opaque here (`DeviceCopy`):
-//! only `compute` knows what is inside and reads it back through a matrix's `DeviceRef`. This
+//! only `compute` knows what is inside and reads it back through a matrix's `DeviceRef`
+//! (`kernels::dense`). This
 //! module must not name any device type: `compute` depends on `spine`, never the reverse.
 
 use std::any::Any;
@@ -18,15 +19,4 @@ pub trait DeviceSide: Send + Sync {
     fn pin(&self, layer: &mut LayerData) -> Result<()>;
     /// Copies a streamed layer into the device's template for its kind.
     fn upload(&self, layer: &mut LayerData) -> Result<()>;
-}
-
-/// Where a matrix's bytes lie in its layer's device copy.
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceRef<'a> {
-    /// The layer's copy (opaque: `compute` downcasts it).
-    pub copy: &'a (dyn Any + Send + Sync),
-    /// Byte offset of the matrix in the layer.
-    pub data: usize,
-    /// Byte offset of its row scales (row-int8), else equal to `data`.
-    pub scales: usize,
 }

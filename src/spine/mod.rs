@@ -3,8 +3,6 @@
 
 mod backing;
 pub mod convert;
-/// The dense kernels, under their earlier path (they live in `crate::kernels::dense`).
-pub use crate::kernels::dense;
 pub mod device;
 mod gather;
 pub mod layer;
@@ -13,7 +11,7 @@ pub mod slot;
 pub mod source;
 
 pub use backing::choose_pinned;
-pub use device::{DeviceCopy, DeviceRef, DeviceSide};
+pub use device::{DeviceCopy, DeviceSide};
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;

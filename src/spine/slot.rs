@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use super::dense::{DenseData, DenseMatrix};
 use super::layer::{parse_header, Entry, LayerData};
 use crate::checkpoint::Dtype;
+use crate::kernels::dense::{DenseData, DenseMatrix};
 use crate::{Error, Result};
 
 /// A spine matrix bound once, at load, to its place in a layer's layout.
@@ -126,11 +126,14 @@ impl LayerData {
             }
         };
         let mut m = DenseMatrix::new(data, s.rows, s.cols)?;
-        m.device = self.device.as_deref().map(|copy| super::DeviceRef {
-            copy,
-            data: e.offset,
-            scales: scale_offset,
-        });
+        m.device = self
+            .device
+            .as_deref()
+            .map(|copy| crate::kernels::dense::DeviceRef {
+                copy,
+                data: e.offset,
+                scales: scale_offset,
+            });
         Ok(m)
     }
 }

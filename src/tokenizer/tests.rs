@@ -177,10 +177,10 @@ fn ranks_file_errors_name_the_line() {
 /// ranks + 256 is refused.
 #[test]
 fn real_size_vocabulary_from_dir() {
-    use crate::checkpoint::fixture::full::{k3_config, K3_LAYERS, K3_RANKS};
     use crate::checkpoint::tiktoken_fixture::{
         pad_ranks, tiktoken_model_text, tokenizer_config_json,
     };
+    use crate::models::k3::fixture::full::{k3_config, K3_LAYERS, K3_RANKS};
     assert_eq!(K3_RANKS, 163_584);
     let ranks = pad_ranks(train_ranks(240), K3_RANKS, 3);
     let dir = tempfile::tempdir().unwrap();
@@ -216,10 +216,13 @@ fn real_size_vocabulary_from_dir() {
     let with = t.encode("[BOS]hi<|end_of_msg|>", true);
     assert_eq!(with.first(), Some(&163_584));
     assert_eq!(with.last(), Some(&163_586));
-    // A vocabulary that is not ranks + 256 does not load.
+    // K3's family loads it the same, and refuses a vocabulary that is not ranks + 256.
+    use crate::runtime::family::ModelFamily;
+    let k3 = &crate::models::k3::family::K3;
+    assert_eq!(k3.tokenizer(dir.path()).unwrap().num_ranks(), 163_584);
     config["text_config"]["vocab_size"] = (163_840 + 256).into();
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let e = Tokenizer::from_dir(dir.path()).err().unwrap().to_string();
+    let e = k3.tokenizer(dir.path()).err().unwrap().to_string();
     assert!(e.contains("vocab_size") && e.contains("163584"), "{e}");
 }
 

@@ -6,7 +6,7 @@ pub mod spec;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use deltafin::checkpoint::fixture::{write_nano, NanoOptions};
+use deltafin::models::k3::fixture::{write_nano, NanoOptions};
 
 /// The K3-nano fixture (seed 0), written once per test binary and removed when it exits.
 pub fn nano() -> PathBuf {
@@ -45,11 +45,11 @@ pub fn process_tempdir() -> PathBuf {
 pub fn model_over(
     root: &std::path::Path,
     experts: std::sync::Arc<dyn deltafin::experts::ExpertProvider>,
-) -> deltafin::K3Model {
+) -> deltafin::models::k3::K3Model {
     use std::sync::Arc;
-    let cfg = deltafin::K3Config::from_file(&root.join("config.json")).unwrap();
+    let cfg = deltafin::models::k3::config::K3Config::from_file(&root.join("config.json")).unwrap();
     let inv = Arc::new(deltafin::checkpoint::Inventory::from_dir(root).unwrap());
-    let spine = deltafin::Spine::open(
+    let spine = deltafin::spine::source::Spine::open(
         root,
         inv,
         cfg.num_layers(),
@@ -57,7 +57,7 @@ pub fn model_over(
         &Default::default(),
     )
     .unwrap();
-    deltafin::K3Model::load(cfg, Arc::new(spine), experts).unwrap()
+    deltafin::models::k3::K3Model::load(cfg, Arc::new(spine), experts).unwrap()
 }
 
 /// max |a − b| / max(1, max |b|).
@@ -80,20 +80,20 @@ pub fn rel_err32(a: &[f32], b: &[f32]) -> f64 {
 
 /// Greedy tokens of the model over `inv`'s spine with `experts` as the expert provider.
 pub fn generate_with(
-    cfg: &deltafin::K3Config,
+    cfg: &deltafin::models::k3::config::K3Config,
     inv: &std::sync::Arc<deltafin::checkpoint::Inventory>,
     experts: std::sync::Arc<dyn deltafin::ExpertProvider>,
     prompt: &[u32],
     max_new: usize,
 ) -> deltafin::Result<Vec<u32>> {
-    let spine = deltafin::Spine::open(
+    let spine = deltafin::spine::source::Spine::open(
         &inv.dir,
         inv.clone(),
         cfg.num_layers(),
         &candle::Device::Cpu,
         &Default::default(),
     )?;
-    let m = deltafin::K3Model::load(cfg.clone(), std::sync::Arc::new(spine), experts)?;
+    let m = deltafin::models::k3::K3Model::load(cfg.clone(), std::sync::Arc::new(spine), experts)?;
     let opts = deltafin::GenerateOptions {
         max_new,
         stop_ids: vec![],

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use deltafin::checkpoint::{Dtype, ExpertIndex, Inventory};
-use deltafin::config::{AttnKind, FfnKind, K3Config};
+use deltafin::models::k3::config::{AttnKind, FfnKind, K3Config};
 use deltafin::spine::{to_f32, ShardSpine};
 
 #[path = "reference_attn.rs"]

@@ -3,28 +3,27 @@
 
 use std::sync::atomic::AtomicBool;
 
-use deltafin::generate::sample::Sampler;
-use deltafin::generate::{Drafter, SpecMode, Speculation};
-use deltafin::model::state::LayerState;
-use deltafin::{GenerateOptions, Generation, Generator, K3Model, SeqState};
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::generate::sample::Sampler;
+use deltafin::runtime::generate::{Drafter, SpecMode, Speculation};
+use deltafin::runtime::state::LayerState;
+use deltafin::runtime::state::SeqState;
+use deltafin::{GenerateOptions, Generation, Generator};
 
 /// Bitwise state equality (positions, KDA conv windows and matrices, MLA caches).
 pub fn same_state(a: &SeqState, b: &SeqState, what: &str) {
     assert_eq!(a.pos, b.pos, "{what}: positions");
     for (l, (x, y)) in a.layers.iter().zip(&b.layers).enumerate() {
         match (x, y) {
-            (LayerState::Kda(x), LayerState::Kda(y)) => {
-                assert!(x.s == y.s, "{what}: layer {l} KDA state differs");
+            (LayerState::Recurrent(x), LayerState::Recurrent(y)) => {
+                // KDA: the conv window (buffer 0) and the recurrent matrix (buffer 1).
                 assert!(
-                    x.conv == y.conv,
-                    "{what}: layer {l} KDA conv window differs"
+                    x.buffers == y.buffers,
+                    "{what}: layer {l} KDA state differs"
                 );
             }
-            (LayerState::Mla(x), LayerState::Mla(y)) => {
-                assert!(
-                    x.cache.rows() == y.cache.rows(),
-                    "{what}: layer {l} MLA cache"
-                );
+            (LayerState::Rows(x), LayerState::Rows(y)) => {
+                assert!(x.rows() == y.rows(), "{what}: layer {l} MLA cache");
             }
             _ => panic!("{what}: layer {l} kinds differ"),
         }
@@ -40,7 +39,7 @@ pub fn generate(
     sampler: Option<Sampler>,
 ) -> Generation {
     let s = sampler.unwrap_or_else(|| Sampler::new(0.0, 1.0, 0));
-    let d = &mut deltafin::generate::NgramDrafter::default();
+    let d = &mut deltafin::runtime::generate::NgramDrafter::default();
     drafted(m, prompt, max_new, spec, s, d)
 }
 

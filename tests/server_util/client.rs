@@ -5,9 +5,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use deltafin::models::k3::K3Model;
 use deltafin::server::{AppState, ServerConfig};
 use deltafin::tokenizer::Tokenizer;
-use deltafin::K3Model;
 use serde_json::json;
 
 use super::common;

@@ -19,7 +19,7 @@ fn main() -> anyhow::Result<()> {
         deltafin::fsio::override_free_bytes(v);
     }
     if std::env::var_os("DELTAFIN_PORTABLE_DENSE").is_some() {
-        deltafin::spine::dense::use_portable_kernels();
+        deltafin::kernels::dense::use_portable_kernels();
     }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

@@ -9,8 +9,8 @@ use candle_metal_kernels::set_params;
 use candle_metal_kernels::utils::{Input, Output};
 
 use super::spine::DeviceView;
+use crate::kernels::dense::DeviceRef;
 use crate::kernels::dense::{DenseData, DenseMatrix};
-use crate::spine::DeviceRef;
 
 /// The GEMV of one spine matrix whose bytes are on the device ("weights live in the op, the
 /// activations are the tensor", as Candle's `QTensor`).

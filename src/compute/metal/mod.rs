@@ -8,5 +8,5 @@ mod experts;
 mod spine;
 
 pub(super) use dense::dense;
-pub(super) use experts::run_experts;
+pub use experts::run_experts;
 pub(super) use spine::SpineDevice;

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use candle::MetalDevice;
 use candle_metal_kernels::metal::Buffer;
 
+use crate::kernels::dense::DeviceRef;
 use crate::shaders::{shared_buffer, write_shared};
 use crate::spine::layer::LayerData;
-use crate::spine::{DeviceRef, DeviceSide};
+use crate::spine::DeviceSide;
 use crate::{Error, Result};
 
 /// A layer's bytes on the device (the spine holds it as an opaque `DeviceCopy`).

@@ -12,13 +12,12 @@ use candle::{Device, Tensor};
 use super::pass::PassSeq;
 use super::GptOssModel;
 use crate::chat::ChatFormat;
-use crate::experts::ExpertStats;
-use crate::memory::MemoryPlan;
-use crate::runtime::model::{
-    BatchItem, Event, Forward, Logits, Model, Observer, Output, Rollback, SeqState,
-};
-use crate::runtime::observe::{Both, PrefillStep};
-use crate::runtime::state::LayerState;
+use crate::experts::{ExpertProvider, ExpertStats};
+use crate::runtime::memory::MemoryPlan;
+use crate::runtime::model::{BatchItem, Forward, Logits, Model, Output};
+use crate::runtime::observe::{Both, Event, Observer, PrefillStep};
+use crate::runtime::rollback::Rollback;
+use crate::runtime::state::{LayerState, SeqState};
 use crate::{Error, Result};
 
 impl GptOssModel {
@@ -210,11 +209,6 @@ impl Model for GptOssModel {
         GptOssModel::plan(self)
     }
 
-    fn dense_bytes_read(&self) -> u64 {
-        // Mapped and resident: the page cache reads them once, no pass re-reads them.
-        0
-    }
-
     fn expert_stats(&self) -> Option<ExpertStats> {
         self.experts().stats()
     }
@@ -227,12 +221,24 @@ impl Model for GptOssModel {
         GptOssModel::clear_observers(self)
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn device(&self) -> &Device {
+        // Runs on the CPU only (the family refuses another device at open).
+        &self.device
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn experts(&self) -> Option<&Arc<dyn ExpertProvider>> {
+        Some(GptOssModel::experts(self))
+    }
+
+    fn routing(&self) -> Option<(usize, usize)> {
+        let c = self.config();
+        Some((c.top_k(), c.num_local_experts))
+    }
+
+    fn describe(&self) -> serde_json::Value {
+        // Dense weights mapped and resident: the page cache reads them once, no pass re-reads
+        // them (`dense_bytes_read` and `streamed_bytes_per_pass` stay 0).
+        serde_json::json!({"device": "cpu", "dense": "mapped"})
     }
 }
 
@@ -242,7 +248,7 @@ fn row_lens(state: &SeqState) -> Vec<usize> {
         .layers
         .iter()
         .map(|l| match l {
-            LayerState::Kv(k) => k.cache.len(),
+            LayerState::Rows(c) => c.len(),
             _ => 0,
         })
         .collect()

@@ -6,7 +6,6 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::config::validate::rule;
 use crate::{Error, Result};
 
 /// `rope_scaling`: YaRN (gpt-oss's only scaling).
@@ -134,7 +133,7 @@ impl GptOssConfig {
 
     /// Every rule the forward pass relies on, each failure naming the field.
     pub fn validate(&self) -> Result<()> {
-        rule(self.model_type == "gpt_oss", "model_type", || {
+        Error::rule(self.model_type == "gpt_oss", "model_type", || {
             format!("`{}` is not gpt_oss", self.model_type)
         })?;
         for (f, v) in [
@@ -150,9 +149,9 @@ impl GptOssConfig {
             ("sliding_window", self.sliding_window),
             ("max_position_embeddings", self.max_position_embeddings),
         ] {
-            rule(v > 0, f, || "must be > 0".into())?;
+            Error::rule(v > 0, f, || "must be > 0".into())?;
         }
-        rule(
+        Error::rule(
             self.num_attention_heads
                 .is_multiple_of(self.num_key_value_heads),
             "num_key_value_heads",
@@ -163,23 +162,23 @@ impl GptOssConfig {
                 )
             },
         )?;
-        rule(self.head_dim.is_multiple_of(2), "head_dim", || {
+        Error::rule(self.head_dim.is_multiple_of(2), "head_dim", || {
             "must be even (rotary pairs)".into()
         })?;
         for (f, v) in [
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
         ] {
-            rule(v.is_multiple_of(32), f, || {
+            Error::rule(v.is_multiple_of(32), f, || {
                 format!("{v} is not a multiple of the MXFP4 group (32)")
             })?;
         }
         if let (Some(a), Some(b)) = (self.num_experts_per_tok, self.experts_per_token) {
-            rule(a == b, "experts_per_token", || {
+            Error::rule(a == b, "experts_per_token", || {
                 format!("{b} disagrees with num_experts_per_tok {a}")
             })?;
         }
-        rule(
+        Error::rule(
             self.top_k() <= self.num_local_experts,
             "num_experts_per_tok",
             || {
@@ -190,34 +189,34 @@ impl GptOssConfig {
                 )
             },
         )?;
-        rule(self.attention_bias, "attention_bias", || {
+        Error::rule(self.attention_bias, "attention_bias", || {
             "only gpt-oss's biased projections are implemented".into()
         })?;
-        rule(!self.tie_word_embeddings, "tie_word_embeddings", || {
+        Error::rule(!self.tie_word_embeddings, "tie_word_embeddings", || {
             "gpt-oss has its own lm_head; tied embeddings are not implemented".into()
         })?;
         if let Some(q) = &self.quantization_config {
-            rule(
+            Error::rule(
                 q.quant_method == "mxfp4",
                 "quantization_config.quant_method",
                 || format!("`{}`: only mxfp4 experts are implemented", q.quant_method),
             )?;
         }
         if let Some(r) = &self.rope_scaling {
-            rule(r.rope_type == "yarn", "rope_scaling.rope_type", || {
+            Error::rule(r.rope_type == "yarn", "rope_scaling.rope_type", || {
                 format!("`{}`: only yarn is implemented", r.rope_type)
             })?;
-            rule(r.factor >= 1.0, "rope_scaling.factor", || {
+            Error::rule(r.factor >= 1.0, "rope_scaling.factor", || {
                 "must be >= 1".into()
             })?;
-            rule(
+            Error::rule(
                 r.original_max_position_embeddings > 0,
                 "rope_scaling.original_max_position_embeddings",
                 || "must be > 0".into(),
             )?;
         }
         if let Some(t) = &self.layer_types {
-            rule(t.len() == self.num_hidden_layers, "layer_types", || {
+            Error::rule(t.len() == self.num_hidden_layers, "layer_types", || {
                 format!("{} entries for {} layers", t.len(), self.num_hidden_layers)
             })?;
             if let Some(bad) = t

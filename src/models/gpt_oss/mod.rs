@@ -24,7 +24,7 @@
 //! let mut logits = model.forward(&[1, 2, 3, 4], &mut state)?; // prefill: last position
 //! let mut ids = Vec::new();
 //! for _ in 0..8 {
-//!     let next = deltafin::generate::argmax(&logits);
+//!     let next = deltafin::runtime::generate::argmax(&logits);
 //!     ids.push(next);
 //!     logits = model.forward(&[next], &mut state)?; // one step
 //! }
@@ -37,6 +37,7 @@ mod as_model;
 pub mod attention;
 pub mod config;
 pub mod dense;
+pub mod family;
 pub mod fixture;
 mod fixture_tokenizer;
 pub mod model;

@@ -3,7 +3,7 @@
 //! through the crate's dense kernels (the page cache holds them; nothing is widened to an fp32
 //! copy); the routed experts stream through any `ExpertProvider` (the tiered store: RAM tier,
 //! direct reads, prefetch) and run on the MoE executor. Per-sequence state is one key/value
-//! row cache per layer in `SeqState` (`LayerState::Kv`), so snapshots, marks and saved states
+//! row cache per layer in `SeqState` (`LayerState::Rows`), so snapshots, marks and saved states
 //! work as for K3. Owns gpt-oss's forward order; must not touch the network.
 
 use std::path::Path;
@@ -16,11 +16,11 @@ use safetensors::Dtype;
 use crate::checkpoint::Inventory;
 use crate::experts::{ExpertProvider, TieredExperts, TieredOptions};
 use crate::kernels::dense::{gemm, DenseData, DenseMatrix};
-use crate::memory::MemoryPlan;
 use crate::moe::{ExecOptions, Gating, Route, RoutedExperts};
+use crate::runtime::memory::MemoryPlan;
 use crate::runtime::observe::{Event, Observer, Observers, PrefillStep};
 use crate::runtime::row_cache::RowCache;
-use crate::runtime::state::{KvState, LayerState, SeqState};
+use crate::runtime::state::{LayerState, SeqState};
 use crate::{Error, Result};
 
 use super::config::GptOssConfig;
@@ -46,6 +46,8 @@ pub struct GptOssModel {
     /// Positions per prefill pass (bounds the activations a long prompt holds).
     pass: usize,
     plan: Option<MemoryPlan>,
+    /// Always the CPU (what `Model::device` hands out).
+    pub(super) device: candle::Device,
     observers: Observers,
 }
 
@@ -76,9 +78,10 @@ impl GptOssModel {
         let inv = Arc::new(inv);
         let opts = super::plan::store_options(&plan, o);
         // Local shards (a full install), or the disk cache and the hub (a streaming one).
-        let store = crate::engine::expert_store(root, inv.clone(), Arc::new(index), &opts, None)?;
-        let streaming = crate::install::read_manifest(root)
-            .is_some_and(|m| m.mode == crate::install::Mode::Stream);
+        let store =
+            crate::installed::expert_store(root, inv.clone(), Arc::new(index), &opts, None)?;
+        let streaming = crate::installed::read_manifest(root)
+            .is_some_and(|m| m.mode == crate::installed::Mode::Stream);
         let dense = match streaming {
             // The shards are on the hub: the dense tensors come from the install's copy.
             true => Arc::new(Inventory::from_dir(&super::dense::dense_dir(root))?),
@@ -140,6 +143,7 @@ impl GptOssModel {
             exec: ExecOptions::default(),
             pass: 2048,
             plan: None,
+            device: candle::Device::Cpu,
             observers: Observers::default(),
         })
     }
@@ -176,11 +180,7 @@ impl GptOssModel {
             layers: self
                 .layers
                 .iter()
-                .map(|l| {
-                    LayerState::Kv(KvState {
-                        cache: RowCache::new(l.shape.row_width(), self.context_limit),
-                    })
-                })
+                .map(|l| LayerState::Rows(RowCache::new(l.shape.row_width(), self.context_limit)))
                 .collect(),
         }
     }

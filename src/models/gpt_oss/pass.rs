@@ -96,7 +96,7 @@ impl GptOssModel {
         let mut r0 = 0;
         for seq in seqs.iter_mut() {
             let (first, n_rows) = (seq.state.pos, seq.ids.len());
-            let LayerState::Kv(kv) = &mut seq.state.layers[l] else {
+            let LayerState::Rows(cache) = &mut seq.state.layers[l] else {
                 return Err(Error::Msg(format!(
                     "layer {l}: the state is not a gpt-oss key/value state"
                 )));
@@ -111,8 +111,8 @@ impl GptOssModel {
                 rows.extend_from_slice(&kr);
                 rows.extend_from_slice(&v[(r0 + r) * kd..][..kd]);
             }
-            kv.cache.append(&rows);
-            a.extend(attend(&s, q, kv.cache.rows(), first, &layer.sinks, scale));
+            cache.append(&rows);
+            a.extend(attend(&s, q, cache.rows(), first, &layer.sinks, scale));
             r0 += n_rows;
         }
         let o = self.linear(&layer.o, &a, t)?;

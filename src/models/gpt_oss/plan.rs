@@ -5,10 +5,11 @@
 //! arithmetic (`runtime::memory`).
 
 use crate::checkpoint::Inventory;
-use crate::engine::{CacheRam, LoadOptions};
 use crate::experts::TieredOptions;
-use crate::memory::{rss, Memory, MemoryPlan, PlanInputs};
 use crate::moe::ExecOptions;
+use crate::runtime::load::CacheRam;
+use crate::runtime::load::LoadOptions;
+use crate::runtime::memory::{rss, Memory, MemoryPlan, PlanInputs};
 use crate::{Error, Result};
 
 use super::config::GptOssConfig;

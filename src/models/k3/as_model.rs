@@ -3,11 +3,17 @@
 
 use std::sync::Arc;
 
-use super::{BatchItem, Forward, K3Model, MlaMode, Observer, Output, Rollback, SeqState};
+use candle::Device;
+
+use super::{K3Model, MlaMode};
 use crate::chat::ChatFormat;
-use crate::experts::ExpertStats;
-use crate::memory::MemoryPlan;
+use crate::experts::{ExpertProvider, ExpertStats};
+use crate::runtime::memory::MemoryPlan;
 use crate::runtime::model::Model;
+use crate::runtime::model::{BatchItem, Forward, Output};
+use crate::runtime::observe::Observer;
+use crate::runtime::rollback::Rollback;
+use crate::runtime::state::SeqState;
 use crate::Result;
 
 impl Model for K3Model {
@@ -84,11 +90,28 @@ impl Model for K3Model {
         K3Model::clear_observers(self)
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn device(&self) -> &Device {
+        K3Model::device(self)
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn experts(&self) -> Option<&Arc<dyn ExpertProvider>> {
+        Some(K3Model::experts(self))
+    }
+
+    fn routing(&self) -> Option<(usize, usize)> {
+        let t = self.config().text();
+        Some((t.num_experts_per_token, t.num_experts))
+    }
+
+    fn spine_report(&self) -> Option<crate::spine::source::SpineReport> {
+        Some(self.spine().report())
+    }
+
+    fn describe(&self) -> serde_json::Value {
+        serde_json::json!({
+            "device": crate::compute::device::describe(K3Model::device(self)),
+            "kernel": self.options.kernel.name(),
+            "spine": self.spine().report(),
+        })
     }
 }

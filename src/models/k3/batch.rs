@@ -7,13 +7,13 @@
 
 use candle::Tensor;
 
-use super::forward::{Logits, Output};
 use super::model::{K3Model, PassSeq};
-use super::observe::{Both, Observer};
-use super::verify::Rollback;
+use crate::runtime::model::{Logits, Output};
+use crate::runtime::observe::{Both, Observer};
+use crate::runtime::rollback::Rollback;
 use crate::{Error, Result};
 
-pub use crate::runtime::model::BatchItem;
+use crate::runtime::model::BatchItem;
 
 impl K3Model {
     /// One pass over the rows of every item: returns each item's logits (`[V]` for

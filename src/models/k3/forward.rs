@@ -5,11 +5,11 @@
 use candle::Tensor;
 
 use super::model::K3Model;
-use super::observe::{Observer, RouteCollector, RouteTrace};
-use super::state::SeqState;
+use crate::runtime::observe::{Observer, RouteCollector, RouteTrace};
+use crate::runtime::state::SeqState;
 use crate::Result;
 
-pub use crate::runtime::model::{Forward, Logits, Output};
+use crate::runtime::model::Forward;
 
 impl K3Model {
     /// `run` for the last position's logits `[V]` (a convenience).
@@ -64,7 +64,7 @@ impl K3Model {
         ids: &[u32],
         state: &mut SeqState,
         observer: Option<&dyn Observer>,
-    ) -> Result<(Tensor, super::Rollback)> {
+    ) -> Result<(Tensor, crate::runtime::rollback::Rollback)> {
         self.check_input(ids, state)?;
         let f = Forward {
             observer,

@@ -10,6 +10,7 @@ use super::ops::{l2_normalize_qk, rms_norm, sigmoid};
 use super::verify::KdaUndo;
 use super::weights::LayerWeights;
 use crate::compute::dense;
+use crate::runtime::state::Recurrent;
 use crate::spine::layer::LayerData;
 use crate::spine::slot::Slot;
 use crate::Result;
@@ -23,14 +24,11 @@ pub enum KdaMode {
     Chunked(usize),
 }
 
-/// Per-sequence state of one KDA layer. Copy-on-write: a clone shares the buffers.
-#[derive(Debug, Clone)]
-pub struct KdaState {
-    /// Last `W−1` raw projected inputs of q, k, v: `[3, W−1, P]`.
-    pub conv: Arc<Vec<f32>>,
-    /// Recurrent matrix `[H, K, V]`.
-    pub s: Arc<Vec<f32>>,
-}
+/// A KDA layer's per-sequence state is the runtime's `Recurrent` with two buffers (shared
+/// copy-on-write): this one, the last `W−1` raw projected inputs of q, k, v `[3, W−1, P]`...
+pub const CONV: usize = 0;
+/// ...and this one, the recurrent matrix `[H, K, V]`.
+pub const S: usize = 1;
 
 /// One KDA attention block.
 #[derive(Debug)]
@@ -105,12 +103,9 @@ impl Kda {
     }
 
     /// A zero state.
-    pub fn new_state(&self) -> KdaState {
+    pub fn new_state(&self) -> Recurrent {
         let p = self.heads * self.d;
-        KdaState {
-            conv: Arc::new(vec![0.0; 3 * (self.width - 1) * p]),
-            s: Arc::new(vec![0.0; self.heads * self.d * self.d]),
-        }
+        Recurrent::zeros(&[3 * (self.width - 1) * p, self.heads * self.d * self.d])
     }
 
     /// Causal depthwise conv + SiLU over `[history, x_1..x_T]`; updates the history.
@@ -156,7 +151,7 @@ impl Kda {
     pub fn forward(
         &self,
         x: &Tensor,
-        st: &mut KdaState,
+        st: &mut Recurrent,
         mode: KdaMode,
         ld: &LayerData,
         undo: Option<&mut KdaUndo>,
@@ -174,7 +169,7 @@ impl Kda {
         let braw = host(dense(x, &m(&w.b)?)?)?; // [T, heads]
         let gout = dense(x, &m(&w.g)?)?;
 
-        let conv = Arc::make_mut(&mut st.conv);
+        let conv = Arc::make_mut(&mut st.buffers[CONV]);
         let hl = (self.width - 1) * p;
         let mut undo = undo;
         if let Some(u) = undo.as_deref_mut() {
@@ -193,7 +188,7 @@ impl Kda {
         l2_normalize_qk(&mut q, &mut k, d);
         let beta: Vec<f32> = braw.iter().map(|b| 1.0 / (1.0 + (-b).exp())).collect();
         let g = self.gate(&graw);
-        let s = Arc::make_mut(&mut st.s);
+        let s = Arc::make_mut(&mut st.buffers[S]);
         let dims = KdaDims { t, h: hk, d };
         let inp = KdaInputs {
             q: &q,
@@ -231,14 +226,14 @@ pub struct ALogPadding {
 /// padding (what `doctor` reports).
 pub fn a_log_padding(
     inv: &crate::checkpoint::Inventory,
-    cfg: &crate::K3Config,
+    cfg: &crate::models::k3::config::K3Config,
 ) -> Result<Vec<ALogPadding>> {
     use crate::checkpoint::Dtype;
     use std::os::unix::fs::FileExt;
     let heads = cfg.text().linear_attn_config.num_heads;
     let mut out = Vec::new();
     for (layer, kind) in cfg.schedule.iter().enumerate() {
-        if kind.attn != crate::config::AttnKind::Kda {
+        if kind.attn != crate::models::k3::config::AttnKind::Kda {
             continue;
         }
         let name = inv.layer_name(layer, "self_attn.A_log");

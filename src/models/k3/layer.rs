@@ -9,14 +9,14 @@ use super::attn_res::AttnRes;
 use super::kda::Kda;
 use super::mla::Mla;
 use super::moe::{Mlp, Moe};
-use super::observe::{Event, Observer};
 use super::ops::rms_norm;
 use super::options::ModelOptions;
-use super::state::LayerState;
-use super::verify::LayerUndo;
 use super::weights::LayerWeights;
-use crate::config::{AttnKind, FfnKind, LayerKind};
 use crate::experts::ExpertProvider;
+use crate::models::k3::config::{AttnKind, FfnKind, LayerKind};
+use crate::runtime::observe::{Event, Observer};
+use crate::runtime::rollback::LayerUndo;
+use crate::runtime::state::LayerState;
 use crate::spine::layer::LayerData;
 use crate::Result;
 
@@ -97,8 +97,8 @@ impl Layer {
     /// A fresh attention state for this layer with room for `context` positions.
     pub fn new_state(&self, context: usize) -> LayerState {
         match &self.attn {
-            Attn::Kda(k) => LayerState::Kda(k.new_state()),
-            Attn::Mla(m) => LayerState::Mla(m.new_state(context)),
+            Attn::Kda(k) => LayerState::Recurrent(k.new_state()),
+            Attn::Mla(m) => LayerState::Rows(m.new_state(context)),
         }
     }
 
@@ -113,18 +113,18 @@ impl Layer {
         undo: Option<&mut Vec<LayerUndo>>,
     ) -> Result<Tensor> {
         match (&self.attn, state) {
-            (Attn::Kda(k), LayerState::Kda(s)) => match undo {
+            (Attn::Kda(k), LayerState::Recurrent(s)) => match undo {
                 Some(u) => {
-                    let mut rec = Box::default();
+                    let mut rec = Box::<super::verify::KdaUndo>::default();
                     let o = k.forward(x, s, options.kda, ld, Some(&mut rec))?;
-                    u.push(LayerUndo::Kda(rec));
+                    u.push(LayerUndo::Recurrent(rec));
                     Ok(o)
                 }
                 None => k.forward(x, s, options.kda, ld, None),
             },
-            (Attn::Mla(m), LayerState::Mla(s)) => {
+            (Attn::Mla(m), LayerState::Rows(s)) => {
                 if let Some(u) = undo {
-                    u.push(LayerUndo::Mla(s.cache.len()));
+                    u.push(LayerUndo::Rows(s.len()));
                 }
                 m.forward(x, s, options.mla, ld)
             }

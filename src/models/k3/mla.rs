@@ -5,11 +5,12 @@
 use candle::{Device, Tensor, D};
 use rayon::prelude::*;
 
-use super::mla_cache::{attend, LatentCache};
+use super::mla_cache::attend;
 use super::ops::{rms_norm, sigmoid, MLA_LATENT_NORM_EPS};
 use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::kernels::dense::DenseMatrix;
+use crate::runtime::row_cache::RowCache;
 use crate::spine::layer::LayerData;
 use crate::spine::slot::Slot;
 use crate::Result;
@@ -21,14 +22,6 @@ pub enum MlaMode {
     Compact,
     /// Keys and values expanded per head from the latent cache (the reference).
     Expanded,
-}
-
-/// Per-sequence MLA cache: `[c_n | k_pe]` of every past position (`[P, kv_lora + rope]`),
-/// shared copy-on-write, so a clone is a cheap snapshot.
-#[derive(Debug, Clone)]
-pub struct MlaState {
-    /// The latent rows.
-    pub cache: LatentCache,
 }
 
 /// One gated MLA block (small tensors; matrices come from the layer data at each pass).
@@ -89,11 +82,11 @@ impl Mla {
         })
     }
 
-    /// An empty cache that may grow to `limit` positions.
-    pub fn new_state(&self, limit: usize) -> MlaState {
-        MlaState {
-            cache: LatentCache::new(self.kv_lora + self.rope, limit),
-        }
+    /// An empty per-sequence cache that may grow to `limit` positions: the runtime's row
+    /// cache, `[c_n | k_pe]` of every past position (`[P, kv_lora + rope]`), shared
+    /// copy-on-write, so a clone is a cheap snapshot.
+    pub fn new_state(&self, limit: usize) -> RowCache {
+        RowCache::new(self.kv_lora + self.rope, limit)
     }
 
     fn causal_mask(t: usize, past: usize, dev: &Device) -> Result<Tensor> {
@@ -145,7 +138,7 @@ impl Mla {
     pub fn forward(
         &self,
         x: &Tensor,
-        st: &mut MlaState,
+        cache: &mut RowCache,
         mode: MlaMode,
         ld: &LayerData,
     ) -> Result<Tensor> {
@@ -168,7 +161,7 @@ impl Mla {
             MLA_LATENT_NORM_EPS,
         )?;
         let kpe = ckv.narrow(1, kl, rope)?.contiguous()?; // [T, rope]
-        let past = st.cache.len();
+        let past = cache.len();
         // Append this call's rows `[c_n | k_pe]` in place.
         let (cn, kp) = (c_n.to_vec2::<f32>()?, kpe.to_vec2::<f32>()?);
         let new_rows: Vec<f32> = cn
@@ -176,7 +169,7 @@ impl Mla {
             .zip(&kp)
             .flat_map(|(a, b)| a.iter().chain(b).copied())
             .collect();
-        st.cache.append(&new_rows);
+        cache.append(&new_rows);
         let scale = 1.0 / ((nope + rope) as f64).sqrt();
         let total = past + t;
         let kv_b = m(&w.kv_b)?;
@@ -195,12 +188,12 @@ impl Mla {
                     .collect();
                 // Row h·T + ti sees positions up to past + ti.
                 let visible = move |r: usize| past + r % t + 1;
-                let ctx = attend(&st.cache, &q, kl, scale as f32, &visible);
+                let ctx = attend(cache, &q, kl, scale as f32, &visible);
                 let ctx = Tensor::from_vec(ctx, (nh, t, kl), x.device())?;
                 self.absorb_output(&ctx, &kv_b)? // [nh, T, v]
             }
             MlaMode::Expanded => {
-                let rows = Tensor::from_slice(st.cache.rows(), (total, kl + rope), x.device())?;
+                let rows = Tensor::from_slice(cache.rows(), (total, kl + rope), x.device())?;
                 let c_all = rows.narrow(1, 0, kl)?.contiguous()?; // [P, kv_lora]
                 let kpe_all = rows.narrow(1, kl, rope)?.contiguous()?; // [P, rope]
                 let mask = Self::causal_mask(t, past, x.device())?;

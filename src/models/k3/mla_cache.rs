@@ -19,7 +19,7 @@ const SPAN: usize = 8 * BLOCK;
 
 /// The latent cache of one MLA layer: the runtime's row cache, one `[c_n | k_pe]` row per
 /// position.
-pub use crate::runtime::row_cache::RowCache as LatentCache;
+use crate::runtime::row_cache::RowCache;
 
 /// Running softmax state of one query row over some positions.
 #[derive(Clone)]
@@ -167,7 +167,7 @@ struct Shape<'a> {
 /// `softmax(scale · q·rowᵀ)` over the positions row `r` may see (`visible(r)` of them), times
 /// each row's first `out` floats (`c_n`). Returns `[n_rows, out]`.
 pub fn attend(
-    cache: &LatentCache,
+    cache: &RowCache,
     q: &[f32],
     out: usize,
     scale: f32,
@@ -250,7 +250,7 @@ mod tests {
     fn check_attend(width: usize, out: usize, n_rows: usize, total: usize) {
         let mut rng = crate::checkpoint::rng::Rng::new(9);
         let mut f = || rng.uniform() as f32 * 2.0 - 1.0;
-        let mut cache = LatentCache::new(width, total);
+        let mut cache = RowCache::new(width, total);
         let all: Vec<f32> = (0..total * width).map(|_| f()).collect();
         // Appended in uneven pieces: growth must not disturb earlier rows.
         for piece in all.chunks(width * 97) {
@@ -294,7 +294,7 @@ mod tests {
         let q: Vec<f32> = (0..9 * width)
             .map(|_| rng.uniform() as f32 * 4.0 - 2.0)
             .collect();
-        let mut cache = LatentCache::new(width, total);
+        let mut cache = RowCache::new(width, total);
         cache.append(&all);
         // Nine rows, as a verify pass of nine positions at the end of the cache.
         let visible = |r: usize| total - 8 + r;
@@ -306,7 +306,7 @@ mod tests {
             let got = pool.install(|| attend(&cache, &q, out, 0.3, &visible));
             for r in 0..9 {
                 let n = visible(r);
-                let mut alone = LatentCache::new(width, n);
+                let mut alone = RowCache::new(width, n);
                 alone.append(&all[..n * width]);
                 let one = attend(&alone, &q[r * width..(r + 1) * width], out, 0.3, &|_| n);
                 assert_eq!(
@@ -320,7 +320,7 @@ mod tests {
 
     #[test]
     fn growth_stops_at_the_limit_and_snapshots_are_untouched() {
-        let mut c = LatentCache::new(4, 10);
+        let mut c = RowCache::new(4, 10);
         c.append(&[1.0; 4 * 6]);
         let snap = c.clone();
         c.append(&[2.0; 4 * 4]);

@@ -4,11 +4,14 @@
 mod as_model;
 pub mod attn_res;
 pub mod batch;
+pub mod config;
+pub mod family;
 pub mod fixture;
 pub mod forward;
 pub mod kda;
 pub mod kda_kernels;
 mod layer;
+pub mod load;
 pub mod mla;
 pub mod mla_cache;
 pub mod model;
@@ -16,26 +19,12 @@ pub mod moe;
 pub mod names;
 pub mod ops;
 pub mod options;
-pub mod profile;
-pub mod reuse;
-pub mod trace;
 pub mod train;
 pub mod verify;
 pub mod weights;
 
-/// The runtime's observer hook and sequence state, under their earlier paths.
-pub use crate::runtime::{observe, state};
-
-pub use batch::BatchItem;
-pub use forward::{Forward, Logits, Output};
 pub use kda::KdaMode;
 pub use mla::MlaMode;
 pub use model::K3Model;
-pub use moe::{route, Route};
-pub use observe::{Event, Observer, PrefillStep, RouteCollector, RouteTrace};
+pub use moe::route;
 pub use options::ModelOptions;
-pub use profile::{LayerProfile, LayerTiming};
-pub use reuse::ExpertReuse;
-pub use state::SeqState;
-pub use trace::RouterTrace;
-pub use verify::Rollback;

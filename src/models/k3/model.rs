@@ -7,18 +7,18 @@ use std::sync::Arc;
 use candle::{Device, Tensor};
 
 use super::attn_res::AttnRes;
-use super::forward::{Forward, Logits, Output};
 use super::layer::{column, with, Layer, PassCtx, SeqLayer};
-use super::observe::{Both, Event, Observer, Observers, PrefillStep};
 use super::ops::rms_norm;
 use super::options::ModelOptions;
-use super::state::SeqState;
-use super::verify::LayerUndo;
 use super::weights::LayerWeights;
+use crate::runtime::model::{Forward, Logits, Output};
+use crate::runtime::observe::{Both, Event, Observer, Observers, PrefillStep};
+use crate::runtime::rollback::LayerUndo;
+use crate::runtime::state::SeqState;
 
 use crate::compute::dense;
-use crate::config::K3Config;
 use crate::experts::ExpertProvider;
+use crate::models::k3::config::K3Config;
 use crate::spine::source::Spine;
 use crate::Result;
 
@@ -48,7 +48,7 @@ pub struct K3Model {
     /// Most positions a sequence may hold (the config's, or the memory plan's).
     pub(crate) context_limit: usize,
     /// The memory plan the model was loaded under, if any.
-    pub(crate) plan: Option<crate::memory::MemoryPlan>,
+    pub(crate) plan: Option<crate::runtime::memory::MemoryPlan>,
 }
 
 impl K3Model {
@@ -99,7 +99,7 @@ impl K3Model {
     }
 
     /// The memory plan the model was loaded under (`None` for `from_dir_with`).
-    pub fn plan(&self) -> Option<&crate::memory::MemoryPlan> {
+    pub fn plan(&self) -> Option<&crate::runtime::memory::MemoryPlan> {
         self.plan.as_ref()
     }
 
@@ -304,7 +304,7 @@ impl K3Model {
             .pop()
             .ok_or_else(|| crate::Error::Msg("verify got no rows".into()))?;
         let [PassSeq { undo, .. }] = seq;
-        let rollback = super::verify::Rollback {
+        let rollback = crate::runtime::rollback::Rollback {
             pos,
             rows: ids.len(),
             layers: undo.unwrap_or_default(),
@@ -337,7 +337,12 @@ impl K3Model {
 
     /// Keeps the first `rows` positions of a verify pass (`Rollback::keep`) and tells the
     /// observers (`Event::Kept`), so a router trace drops the rejected drafts' routes.
-    pub fn keep(&self, rb: super::Rollback, state: &mut SeqState, rows: usize) -> Result<()> {
+    pub fn keep(
+        &self,
+        rb: crate::runtime::rollback::Rollback,
+        state: &mut SeqState,
+        rows: usize,
+    ) -> Result<()> {
         rb.keep(state, rows)?;
         self.observers.on(0, &Event::Kept { rows });
         Ok(())
@@ -405,7 +410,13 @@ impl K3Model {
             }
             let ld = pass.layer(l)?;
             let (attn, ffn) = layer.kinds();
-            obs.on(l, &Event::LayerReady { attn, ffn });
+            obs.on(
+                l,
+                &Event::LayerReady {
+                    attn: attn.label(),
+                    ffn: ffn.label(),
+                },
+            );
             let mut sl: Vec<SeqLayer> = seqs
                 .iter_mut()
                 .map(|s| SeqLayer {

@@ -8,7 +8,7 @@ use super::options::ModelOptions;
 use super::weights::LayerWeights;
 use crate::compute::dense;
 use crate::experts::ExpertProvider;
-pub use crate::moe::Route;
+use crate::moe::Route;
 use crate::moe::{ExecOptions, Gating, RoutedExperts};
 use crate::spine::layer::LayerData;
 use crate::spine::slot::Slot;

@@ -2,7 +2,7 @@
 //! names its experts (`ExpertIndex::derive_k3`). The store itself takes names as values.
 
 use crate::checkpoint::{DenseNames, ExpertIndex, ExpertLayout, Inventory};
-use crate::config::K3Config;
+use crate::models::k3::config::K3Config;
 use crate::moe::{Activation, ExpertFfn, GluLayout, Matrix, Part, PartKind, WeightFormat};
 use crate::Result;
 
@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn k3_layout_is_the_configs_span() {
-        let json = crate::checkpoint::fixture::nano_config(1000).to_string();
+        let json = crate::models::k3::fixture::nano_config(1000).to_string();
         let cfg = K3Config::from_json(&json).unwrap();
         let l = ExpertLayout::k3(&cfg);
         assert_eq!(l.span_bytes() as usize, cfg.expert_span_bytes());

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use candle::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
-use crate::config::K3Config;
+use crate::models::k3::config::K3Config;
 use crate::spine::layer::{Entry, LayerData};
 use crate::spine::slot::{bind, Slot};
 use crate::{Error, Result};

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{DepthController, Drafter, GenerateOptions, Generation, SpecStats, StopReason};
-use crate::runtime::model::Rollback;
+use crate::runtime::rollback::Rollback;
 
 /// The logits rows of one decode pass, the drafts fed after its first row, and its rollback.
 pub struct Pass {

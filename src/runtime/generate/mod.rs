@@ -3,7 +3,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::runtime::model::{Forward, Model, Output, SeqState};
+use crate::runtime::model::{Forward, Model, Output};
+use crate::runtime::state::SeqState;
 use crate::Result;
 
 /// What ends generation early.

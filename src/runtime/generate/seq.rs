@@ -1,6 +1,6 @@
 //! `SeqDecoder`: one sequence's decoding between passes, so the passes can be run by whoever
 //! holds the sequence: `Generator` (one sequence, one pass at a time) or the batch scheduler
-//! (`crate::runtime::batch`, the rows of many sequences in one pass). It chooses and emits
+//! (`crate::engine::batch`, the rows of many sequences in one pass). It chooses and emits
 //! tokens from a pass's rows (`absorb`), keeps the verified prefix of a verify pass, and says
 //! what the next pass must feed (`next_ids`: the last token and the drafts). The same calls in
 //! the same order give the same tokens whoever runs the passes.
@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use super::decode::{Emitter, Pass};
 use super::{spec, top_k, DepthController, Drafter, GenerateOptions, Generation};
-use crate::runtime::model::{Model, SeqState};
+use crate::runtime::model::Model;
+use crate::runtime::state::SeqState;
 use crate::Result;
 
 /// The caller's side of emitting: the chooser, the token callback and the cancel flag.

@@ -14,7 +14,8 @@ use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{
     drop_from_page_cache_all, CacheAdvice, ExpertProvider, TieredExperts, TieredOptions,
 };
-use deltafin::{Error, K3Config, Result};
+use deltafin::models::k3::config::K3Config;
+use deltafin::{Error, Result};
 
 /// Options of `bench experts`.
 #[derive(Debug, Clone)]

@@ -13,7 +13,8 @@ use super::speculate::ColdFiles;
 use super::{stream_read, Stats};
 use deltafin::checkpoint::Inventory;
 use deltafin::experts::drop_from_page_cache_all;
-use deltafin::{Error, K3Model, Result};
+use deltafin::models::k3::K3Model;
+use deltafin::{Error, Result};
 
 /// Settings of the floor bench.
 pub struct FloorOptions {
@@ -127,7 +128,7 @@ pub fn floor_bench(
         let mut logits = model.forward(&prompt, &mut st)?.to_vec1::<f32>()?;
         let (mut wall, mut io, mut comp, mut per_token) = (vec![], vec![], vec![], vec![]);
         for i in 0..o.decode.max(1) {
-            let next = deltafin::generate::argmax(&logits);
+            let next = deltafin::runtime::generate::argmax(&logits);
             let before = model.expert_stats().unwrap_or_default();
             let t0 = Instant::now();
             logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;

@@ -9,9 +9,10 @@ use std::time::Instant;
 use candle::Tensor;
 
 use super::{stream_read, Stats};
-use deltafin::config::AttnKind;
-use deltafin::model::state::LayerState;
-use deltafin::{Error, K3Model, Result};
+use deltafin::models::k3::config::AttnKind;
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::state::LayerState;
+use deltafin::{Error, Result};
 
 /// Times one MLA layer's decode step with `n` positions already cached, for each `n`.
 pub fn context_bench(
@@ -38,15 +39,15 @@ pub fn context_bench(
     let mut per_ctx = Vec::new();
     for &n in contexts {
         let mut st = model.new_state();
-        let LayerState::Mla(mla) = &mut st.layers[l] else {
+        let LayerState::Rows(cache) = &mut st.layers[l] else {
             return Err(Error::Msg(format!("layer {l} is not MLA")));
         };
-        let width = mla.cache.width();
+        let width = cache.width();
         // Fill the cache in pieces (random latents: the cost does not depend on the values).
         for _ in 0..n / 4096 {
-            mla.cache.append(&rand(4096 * width));
+            cache.append(&rand(4096 * width));
         }
-        mla.cache.append(&rand((n % 4096) * width));
+        cache.append(&rand((n % 4096) * width));
         st.pos = n;
         // Warm-up (the cache doubles its capacity once here), then timed steps.
         model.attention(l, &x, &mut st, &ld)?;
@@ -148,7 +149,9 @@ pub fn breakdown_bench(
     emit(
         serde_json::json!({"figure": "bandwidth", "memory_read_gbps": mem_gbps, "shard_read_gbps": read_gbps}),
     );
-    let profile = std::sync::Arc::new(deltafin::model::LayerProfile::new(model.experts().clone()));
+    let profile = std::sync::Arc::new(deltafin::runtime::observers::LayerProfile::new(
+        model.experts().clone(),
+    ));
     model.observe(profile.clone());
     let r = model.spine().report();
     let all_spine = r.resident_bytes + r.bytes_read_per_token;
@@ -173,15 +176,16 @@ pub fn breakdown_bench(
         let mut logits = model.forward(&prompt, &mut st)?.to_vec1::<f32>()?;
         profile.take();
         for i in 0..decode {
-            let next = deltafin::generate::argmax(&logits);
+            let next = deltafin::runtime::generate::argmax(&logits);
             let before = model.expert_stats().unwrap_or_default();
             let t0 = Instant::now();
             logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;
             let total = t0.elapsed().as_secs_f64() * 1e3;
             let d = model.expert_stats().unwrap_or_default().since(&before);
             let layers = profile.take();
-            let sum =
-                |f: fn(&deltafin::model::LayerTiming) -> f64| layers.iter().map(f).sum::<f64>();
+            let sum = |f: fn(&deltafin::runtime::observers::LayerTiming) -> f64| {
+                layers.iter().map(f).sum::<f64>()
+            };
             let expert_bytes = d.bytes_read() as f64;
             let read = r.bytes_read_per_token as f64 + expert_bytes;
             let v = [

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use deltafin::generate::argmax;
 use deltafin::models::gpt_oss::{plan::expert_bytes, GptOssModel, GptOssOptions};
+use deltafin::runtime::generate::argmax;
 use deltafin::Result;
 
 use super::{stream_read, Stats};

@@ -11,9 +11,10 @@ use std::time::Instant;
 use super::Stats;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{ExpertProvider, TieredOptions};
-use deltafin::install::expert_store;
 use deltafin::install::homes::{populate_home, HomeSelection};
-use deltafin::{Error, K3Config, Result};
+use deltafin::installed::expert_store;
+use deltafin::models::k3::config::K3Config;
+use deltafin::{Error, Result};
 
 /// Settings of the homes bench.
 pub struct HomesBenchOptions {

@@ -112,7 +112,7 @@ fn time_rows(
     let (mut cold_read, mut cold_map, mut warm_read, mut warm_map) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-    let rss_before = deltafin::memory::rss().0;
+    let rss_before = deltafin::runtime::memory::rss().0;
     for _ in 0..runs.max(1) {
         drop_from_page_cache_all(path)?;
         let t = Instant::now();
@@ -129,7 +129,7 @@ fn time_rows(
         by_map(&mut out);
         warm_map.push(ms(t));
     }
-    let rss_mapped = deltafin::memory::rss().0;
+    let rss_mapped = deltafin::runtime::memory::rss().0;
     drop(map);
     let st = |v: Vec<f64>| {
         let s = Stats::of(v);
@@ -206,21 +206,21 @@ pub fn pinned_bench(
     );
     for _ in 0..runs.max(1) {
         drop_all()?;
-        let r0 = deltafin::memory::rss().0;
+        let r0 = deltafin::runtime::memory::rss().0;
         let t = Instant::now();
         let (a, held) = by_read()?;
         cr.push(ms(t));
-        rss_r.push(deltafin::memory::rss().0.saturating_sub(r0) as f64);
+        rss_r.push(deltafin::runtime::memory::rss().0.saturating_sub(r0) as f64);
         drop(held);
         let t = Instant::now();
         std::hint::black_box(by_read()?);
         wr.push(ms(t));
         drop_all()?;
-        let r0 = deltafin::memory::rss().0;
+        let r0 = deltafin::runtime::memory::rss().0;
         let t = Instant::now();
         let (b, held) = by_map()?;
         cm.push(ms(t));
-        rss_m.push(deltafin::memory::rss().0.saturating_sub(r0) as f64);
+        rss_m.push(deltafin::runtime::memory::rss().0.saturating_sub(r0) as f64);
         drop(held);
         let t = Instant::now();
         std::hint::black_box(by_map()?);

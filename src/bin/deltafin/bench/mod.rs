@@ -341,11 +341,11 @@ pub struct ForwardBenchOptions {
 
 /// Times prefill (ms per prompt token) and decode (ms per token) with each KDA form.
 pub fn forward_bench(
-    model: &mut deltafin::K3Model,
+    model: &mut deltafin::models::k3::K3Model,
     opts: &ForwardBenchOptions,
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
-    use deltafin::model::KdaMode;
+    use deltafin::models::k3::KdaMode;
     let vocab = model.config().text().vocab_size as u32;
     let prompt: Vec<u32> = (0..opts.prompt_len as u32)
         .map(|i| (i * 7919 + 13) % vocab)
@@ -364,7 +364,7 @@ pub fn forward_bench(
             pre.push(t0.elapsed().as_secs_f64() * 1e3 / prompt.len() as f64);
             let t1 = Instant::now();
             for _ in 0..opts.decode {
-                let next = deltafin::generate::argmax(&logits);
+                let next = deltafin::runtime::generate::argmax(&logits);
                 logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;
             }
             dec.push(t1.elapsed().as_secs_f64() * 1e3 / opts.decode.max(1) as f64);

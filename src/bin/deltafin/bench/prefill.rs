@@ -16,12 +16,13 @@ use candle::Device;
 use super::Stats;
 use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::Inventory;
-use deltafin::config::{AttnKind, K3Config};
-use deltafin::engine::LoadOptions;
-use deltafin::model::RouteCollector;
+use deltafin::kernels::dense::{gemm, DenseData, DenseMatrix};
+use deltafin::models::k3::config::{AttnKind, K3Config};
+use deltafin::models::k3::K3Model;
 use deltafin::mxfp4::{Kernel, Mxfp4Expert};
-use deltafin::spine::dense::{gemm, DenseData, DenseMatrix};
-use deltafin::{K3Model, Result};
+use deltafin::runtime::load::LoadOptions;
+use deltafin::runtime::observe::RouteCollector;
+use deltafin::Result;
 
 /// Settings of the prefill bench.
 pub struct PrefillBenchOptions {
@@ -165,13 +166,13 @@ fn one_run(
     let plan = model.plan().map(|p| p.total).unwrap_or(0);
     let routes = RouteCollector::default();
     let mut st = model.new_state();
-    deltafin::memory::reset_peak();
+    deltafin::runtime::memory::reset_peak();
     let read0 = model.bytes_read();
     let t0 = Instant::now();
     model.forward_with(ids, &mut st, Some(&routes), None)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
     let read = model.bytes_read() - read0;
-    let peak = deltafin::memory::rss().1;
+    let peak = deltafin::runtime::memory::rss().1;
     let trace = routes.take();
     let pairs = trace
         .iter()

@@ -12,14 +12,13 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use deltafin::chat::{encode_marked, render_marked, ChatOptions, Message};
-use deltafin::config::{AttnKind, K3Config};
-use deltafin::engine::CacheRam;
-use deltafin::model::kda::KdaState;
-use deltafin::model::mla::MlaState;
-use deltafin::model::mla_cache::LatentCache;
-use deltafin::model::state::LayerState;
-use deltafin::runtime::prompt_cache::{file, PromptCacheOptions};
-use deltafin::{Engine, EngineOptions, GenerateOptions, Result, SeqState};
+use deltafin::engine::prompt_cache::{file, PromptCacheOptions};
+use deltafin::models::k3::config::{AttnKind, K3Config};
+use deltafin::runtime::load::CacheRam;
+use deltafin::runtime::row_cache::RowCache;
+use deltafin::runtime::state::SeqState;
+use deltafin::runtime::state::{LayerState, Recurrent};
+use deltafin::{Engine, EngineOptions, GenerateOptions, Result};
 
 /// Settings of the prompt-cache bench.
 pub struct PromptCacheBenchOptions {
@@ -149,7 +148,7 @@ fn one_request(
         &marks,
         opts,
         &cancel,
-        &mut |l: &[f32]| deltafin::generate::argmax(l),
+        &mut |l: &[f32]| deltafin::runtime::generate::argmax(l),
         |_| {
             first.get_or_insert_with(|| {
                 (t0.elapsed().as_secs_f64() * 1e3, model.bytes_read() - read0)
@@ -240,7 +239,7 @@ type Run = (u64, f64, f64, f64, f64);
 /// A sequence state of K3's full shape holding `positions` positions (arbitrary values).
 fn k3_state(positions: usize) -> Result<SeqState> {
     let cfg = K3Config::from_root(
-        serde_json::from_value(deltafin::checkpoint::fixture::full::k3_config(93))
+        serde_json::from_value(deltafin::models::k3::fixture::full::k3_config(93))
             .map_err(|e| deltafin::Error::Msg(e.to_string()))?,
     )?;
     let t = cfg.text();
@@ -259,14 +258,16 @@ fn k3_state(positions: usize) -> Result<SeqState> {
         .iter()
         .enumerate()
         .map(|(l, k)| match k.attn {
-            AttnKind::Kda => LayerState::Kda(KdaState {
-                conv: std::sync::Arc::new(fill(conv, l)),
-                s: std::sync::Arc::new(fill(s, l + 1)),
+            AttnKind::Kda => LayerState::Recurrent(Recurrent {
+                buffers: vec![
+                    std::sync::Arc::new(fill(conv, l)),
+                    std::sync::Arc::new(fill(s, l + 1)),
+                ],
             }),
             AttnKind::Mla => {
-                let mut cache = LatentCache::new(width, positions.max(1));
+                let mut cache = RowCache::new(width, positions.max(1));
                 cache.append(&fill(positions * width, l));
-                LayerState::Mla(MlaState { cache })
+                LayerState::Rows(cache)
             }
         })
         .collect();
@@ -305,8 +306,8 @@ fn snapshot_figures(scratch: &Path, emit: &mut dyn FnMut(String)) -> Result<()> 
     let template = {
         let mut t = state.clone();
         for l in &mut t.layers {
-            if let LayerState::Mla(m) = l {
-                m.cache.truncate(0);
+            if let LayerState::Rows(c) = l {
+                c.truncate(0);
             }
         }
         t.pos = 0;

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use super::speculate::ColdFiles;
 use super::Stats;
-use deltafin::generate::Speculation;
-use deltafin::runtime::batch::{BatchOptions, Request, Scheduler, SeqEvent};
+use deltafin::engine::batch::{BatchOptions, Request, Scheduler, SeqEvent};
+use deltafin::runtime::generate::Speculation;
 use deltafin::{Engine, Error, GenerateOptions, Result};
 
 /// Settings of the serve bench.
@@ -80,7 +80,7 @@ type Arrivals = Arc<Mutex<Vec<Vec<Instant>>>>;
 /// Spine and expert bytes read when the first token came.
 type AtFirst = Arc<Mutex<Option<(u64, u64)>>>;
 
-fn request(ids: Vec<u32>, max_new: usize, on_event: deltafin::runtime::batch::Listener) -> Request {
+fn request(ids: Vec<u32>, max_new: usize, on_event: deltafin::engine::batch::Listener) -> Request {
     Request {
         ids,
         marks: Vec::new(),
@@ -89,7 +89,7 @@ fn request(ids: Vec<u32>, max_new: usize, on_event: deltafin::runtime::batch::Li
             stop_ids: Vec::new(),
             speculation: Speculation::OFF,
         },
-        choose: Box::new(|l: &[f32]| deltafin::generate::argmax(l)),
+        choose: Box::new(|l: &[f32]| deltafin::runtime::generate::argmax(l)),
         on_event,
         cancel: Arc::new(AtomicBool::new(false)),
         drafter: None,
@@ -114,7 +114,7 @@ fn run_batch(
     let mut reqs = Vec::new();
     for i in 0..b {
         let (arr, first, tx, eng) = (arrivals.clone(), at_first.clone(), tx.clone(), e.clone());
-        let on_event: deltafin::runtime::batch::Listener = Box::new(move |ev| match ev {
+        let on_event: deltafin::engine::batch::Listener = Box::new(move |ev| match ev {
             SeqEvent::Token(_) => {
                 if let Ok(mut a) = arr.lock() {
                     a[i].push(Instant::now());
@@ -210,13 +210,11 @@ pub fn serve_bench(
         },
     );
     // K3 streams spine layers; another family (gpt-oss) maps its dense weights: none streamed.
+    // A streamed spine re-reads layers each pass; mapped dense weights (gpt-oss) are not.
     let (streamed, per_pass) = e
         .model()
-        .downcast::<deltafin::K3Model>()
-        .map_or((0, 0), |k| {
-            let r = k.spine().report();
-            (r.layers_streamed, r.bytes_read_per_token)
-        });
+        .spine_report()
+        .map_or((0, 0), |r| (r.layers_streamed, r.bytes_read_per_token));
     emit(
         serde_json::json!({"figure": "serve_setup", "spine_layers_streamed": streamed,
         "spine_bytes_read_per_pass": per_pass, "cold": o.cold,
@@ -324,7 +322,7 @@ fn interleave(
     let arr_run: Arrivals = Arc::new(Mutex::new(vec![Vec::new(); 2]));
     let (tx, rx) = mpsc::channel();
     let arrivals_of =
-        |arr: Arrivals, i: usize, tx: mpsc::Sender<()>| -> deltafin::runtime::batch::Listener {
+        |arr: Arrivals, i: usize, tx: mpsc::Sender<()>| -> deltafin::engine::batch::Listener {
             Box::new(move |ev| match ev {
                 SeqEvent::Token(_) => {
                     if let Ok(mut a) = arr.lock() {

@@ -10,9 +10,11 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use super::Stats;
-use deltafin::generate::{Drafter, Generation, Speculation};
-use deltafin::model::{Event, Observer};
-use deltafin::{Error, GenerateOptions, Generator, K3Model, Result};
+use deltafin::models::k3::K3Model;
+use deltafin::runtime::generate::{Drafter, Generation, Speculation};
+use deltafin::runtime::observe::Event;
+use deltafin::runtime::observe::Observer;
+use deltafin::{Error, GenerateOptions, Generator, Result};
 
 /// Drops every file of a model directory from the page cache at the start of each pass.
 pub(crate) struct ColdFiles(pub Vec<std::path::PathBuf>);
@@ -102,14 +104,14 @@ fn run_oracle(m: &K3Model, prompt: &[u32], off: &Generation, depth: usize) -> Re
         max_new: off.generated_ids.len(),
         stop_ids: vec![],
         speculation: Speculation {
-            mode: deltafin::generate::SpecMode::Ngram,
+            mode: deltafin::runtime::generate::SpecMode::Ngram,
             depth,
         },
     };
     let mut reference = prompt.to_vec();
     reference.extend(&off.generated_ids);
     let no = AtomicBool::new(false);
-    let mut greedy = |l: &[f32]| deltafin::generate::argmax(l);
+    let mut greedy = |l: &[f32]| deltafin::runtime::generate::argmax(l);
     Generator::new(m).generate_drafted(
         &mut m.new_state(),
         prompt,
@@ -136,7 +138,7 @@ pub fn spec_bench(
         serde_json::json!({"figure": "spec_setup", "spine_layers_streamed": r.layers_streamed,
         "spine_bytes_read_per_pass": r.bytes_read_per_token, "cold_spine": o.cold,
         "mode": o.spec.mode, "depth": o.spec.depth, "decode": o.decode,
-        "rollback_bytes_per_row_at_this_shape": deltafin::model::verify::bytes_per_row(model.config())}),
+        "rollback_bytes_per_row_at_this_shape": deltafin::models::k3::verify::bytes_per_row(model.config())}),
     );
     for (name, prompt) in &o.prompts {
         run_once(model, prompt, o.decode.min(4), Speculation::OFF)?; // warm-up

@@ -11,10 +11,12 @@ use super::Stats;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{drop_from_page_cache_all, TieredExperts, TieredOptions};
 use deltafin::fsio::BufPool;
+use deltafin::models::k3::config::K3Config;
+use deltafin::models::k3::K3Model;
 use deltafin::spine::convert::{convert_spine, store_dir, SpineFormat};
 use deltafin::spine::layer::{read_file, read_file_direct};
 use deltafin::spine::source::{Spine, SpineChoice, SpineOptions};
-use deltafin::{K3Config, K3Model, Result};
+use deltafin::Result;
 
 /// `O_DIRECT` requests in flight for the raw bound.
 const RAW_READERS: usize = 4;

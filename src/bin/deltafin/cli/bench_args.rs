@@ -139,7 +139,7 @@ pub enum BenchKind {
         speculate: bool,
         /// With `--speculate`: the mode measured against off (auto or ngram).
         #[arg(long, default_value = "auto")]
-        spec_mode: deltafin::generate::SpecMode,
+        spec_mode: deltafin::runtime::generate::SpecMode,
         /// With `--speculate`: most drafts per pass.
         #[arg(long, default_value_t = 8)]
         spec_depth: usize,

@@ -26,7 +26,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             no_chunk_major,
             memory_gb,
         } => {
-            let load = deltafin::engine::LoadOptions {
+            let load = deltafin::runtime::load::LoadOptions {
                 memory_limit: memory_gb.map(|g| (g * 1e9) as u64),
                 ..Default::default()
             };
@@ -84,7 +84,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 None => deltafin::assets::k3_tiny()?,
             };
             let most = batches.iter().copied().max().unwrap_or(1);
-            let mut load = deltafin::engine::LoadOptions {
+            let mut load = deltafin::runtime::load::LoadOptions {
                 resident_cap: stream_spine.then_some(0),
                 expert_ram: cold_spine.then_some(0),
                 direct_spine: cold_spine.then_some(true),
@@ -166,8 +166,10 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             cold_spine,
             oracle_drafts,
         } => {
-            if deltafin::models::ModelKind::detect(&model_root)?
-                == deltafin::models::ModelKind::GptOss
+            // gpt-oss's dense weights are mapped, not a spine: its own floor measurement.
+            if deltafin::models::family(&model_root)?
+                .model_types()
+                .contains(&"gpt_oss")
             {
                 if !floor {
                     anyhow::bail!("on gpt-oss, `bench forward` measures `--floor` only for now");
@@ -183,7 +185,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             }
             let device = deltafin::compute::device::select(device)?;
             println!("device={}", deltafin::compute::device::describe(&device));
-            let load = deltafin::engine::LoadOptions {
+            let load = deltafin::runtime::load::LoadOptions {
                 resident_cap: stream_spine.then_some(0),
                 // `--floor --cold-spine`: experts cold too (no RAM tier to hit).
                 expert_ram: (floor && cold_spine).then_some(0),
@@ -192,7 +194,9 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 ..Default::default()
             };
             let mut model =
-                deltafin::K3Model::open_with(&model_root, &device, &load, |p| eprintln!("{p}"))?;
+                deltafin::models::k3::K3Model::open_with(&model_root, &device, &load, |p| {
+                    eprintln!("{p}")
+                })?;
             if speculate {
                 let vocab = model.config().text().vocab_size as u32;
                 let len = prompt_len.max(2);
@@ -203,9 +207,9 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 let o = crate::bench::speculate::SpecBenchOptions {
                     decode: decode.max(2),
                     runs,
-                    spec: deltafin::generate::Speculation {
+                    spec: deltafin::runtime::generate::Speculation {
                         mode: spec_mode,
-                        depth: spec_depth.clamp(1, deltafin::generate::spec::MAX_DEPTH),
+                        depth: spec_depth.clamp(1, deltafin::runtime::generate::spec::MAX_DEPTH),
                     },
                     prompts,
                     cold: cold_spine,

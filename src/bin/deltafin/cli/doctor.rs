@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use deltafin::checkpoint::{ExpertIndex, Inventory};
-use deltafin::memory::{reserve, Memory};
 use deltafin::mxfp4::Kernel;
+use deltafin::runtime::memory::{reserve, Memory};
 use deltafin::spine::convert::{store_dir, SpineFormat};
-use deltafin::K3Config;
 
 /// Arguments of `doctor`.
 #[derive(Debug, Clone, Args)]
@@ -102,7 +101,7 @@ fn temporaries(r: &mut Report, root: &Path) {
         root.join("deltafin-meta/headers"),
         store_dir(root, SpineFormat::Bf16),
         store_dir(root, SpineFormat::Int8),
-        deltafin::install::experts_dir(root),
+        deltafin::installed::experts_dir(root),
     ];
     let left: Vec<String> = dirs
         .iter()
@@ -128,8 +127,8 @@ fn temporaries(r: &mut Report, root: &Path) {
 fn model(r: &mut Report, root: &Path, verify: bool) {
     // A setup that started (headers being saved) but never wrote its manifest was interrupted:
     // nothing is wrong with the files so far, and setup resumes from them.
-    if deltafin::install::read_manifest(root).is_none()
-        && deltafin::install::setup_marker(root).is_file()
+    if deltafin::installed::read_manifest(root).is_none()
+        && deltafin::installed::setup_marker(root).is_file()
     {
         temporaries(r, root);
         return r.warn(
@@ -140,24 +139,14 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
             ),
         );
     }
-    let cfg = match K3Config::from_file(&root.join("config.json")) {
-        Ok(c) => {
-            let t = c.text();
-            r.ok(
-                "config",
-                format!(
-                    "{} layers, hidden {}, {} experts (top {}), vocabulary {}",
-                    c.num_layers(),
-                    t.hidden_size,
-                    t.num_experts,
-                    t.num_experts_per_token,
-                    t.vocab_size
-                ),
-            );
-            c
-        }
+    let family = match deltafin::models::family(root) {
+        Ok(f) => f,
         Err(e) => return r.fail("config", e),
     };
+    match family.summary(root) {
+        Ok(line) => r.ok("config", line),
+        Err(e) => return r.fail("config", e),
+    }
     let inv = match Inventory::from_dir(root) {
         Ok(i) => {
             r.ok(
@@ -168,7 +157,7 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         }
         Err(e) => return r.fail("shards", e),
     };
-    let index = match ExpertIndex::derive_k3(&inv, &cfg) {
+    let index = match family.expert_index(root, &inv) {
         Ok(x) => {
             r.ok("experts", format!("{} expert spans resolved", x.count()));
             Some(x)
@@ -178,22 +167,26 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
             None
         }
     };
-    kda_gate(r, &inv, &cfg);
-    let inv = std::sync::Arc::new(inv);
-    let opts = deltafin::engine::LoadOptions::default();
-    match deltafin::engine::plan_for(root, &cfg, &inv, &candle::Device::Cpu, &opts) {
+    for (what, check) in family.checks(root, &inv) {
+        match check {
+            Ok(detail) => r.ok(what, detail),
+            Err(problem) => r.warn(what, problem),
+        }
+    }
+    let opts = deltafin::runtime::load::LoadOptions::default();
+    match family.plan(root, &candle::Device::Cpu, &opts) {
         Ok(p) => r.ok(
             "memory plan",
             format!(
                 "{} of {} layers pinned with default settings\n{p}",
                 p.pinned_count(),
-                cfg.num_layers()
+                p.pinned.len()
             ),
         ),
         Err(e) => r.fail("memory plan", e),
     }
-    match deltafin::install::read_manifest(root) {
-        Some(m) if m.mode == deltafin::install::Mode::Stream => {
+    match deltafin::installed::read_manifest(root) {
+        Some(m) if m.mode == deltafin::installed::Mode::Stream => {
             match deltafin::install::missing_experts(root, None) {
                 Ok(miss) => {
                     let (n, b) = miss
@@ -223,16 +216,18 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         None => r.ok("install", "a plain checkpoint directory"),
     }
     temporaries(r, root);
-    let layers = cfg.num_layers();
     let fp = deltafin::checkpoint::Source::of(&inv).fingerprint();
     r.ok("source", format!("checkpoint fingerprint {fp}"));
-    for f in [SpineFormat::Int8, SpineFormat::Bf16] {
-        spine_store(r, root, f, layers, &fp, verify);
+    // A family that converts its dense tensors into a spine store (rather than mapping them).
+    if let (true, Some(index)) = (family.dense_copy_bytes(1) > 0, &index) {
+        for f in [SpineFormat::Int8, SpineFormat::Bf16] {
+            spine_store(r, root, f, index.spans.len(), &fp, verify);
+        }
     }
     if let Some(index) = &index {
         expert_cache(r, root, &inv, index);
     }
-    match deltafin::tokenizer::Tokenizer::from_dir(root) {
+    match family.tokenizer(root) {
         Ok(t) => r.ok("tokenizer", format!("{} ranks", t.num_ranks())),
         Err(e) => r.fail("tokenizer", e),
     }
@@ -247,32 +242,6 @@ fn model(r: &mut Report, root: &Path, verify: bool) {
         ),
         Some(b) => r.ok("disk", format!("{:.1} GB free", b as f64 / GB)),
         None => r.warn("disk", "free space unknown"),
-    }
-}
-
-/// KDA's `A_log`: per head, so only its first `num_heads` entries are read; non-zero padding
-/// after them is ignored (as the reference ignores it) and said, since it suggests weights made
-/// for the per-channel misreading.
-fn kda_gate(r: &mut Report, inv: &Inventory, cfg: &K3Config) {
-    let heads = cfg.text().linear_attn_config.num_heads;
-    match deltafin::model::kda::a_log_padding(inv, cfg) {
-        Ok(p) if p.is_empty() => r.ok(
-            "kda gate",
-            format!("A_log read per head (first {heads} entries); padding is zero"),
-        ),
-        Ok(p) => r.warn(
-            "kda gate",
-            format!(
-                "A_log has non-zero padding past its {heads} per-head entries in {} KDA layer(s) \
-                 (first: layer {}, {} value(s), largest |{:.4}|); it is ignored, as the reference \
-                 ignores it: check that these weights were not made for a per-channel A_log",
-                p.len(),
-                p[0].layer,
-                p[0].nonzero,
-                p[0].max_abs
-            ),
-        ),
-        Err(e) => r.warn("kda gate", format!("A_log not checked: {e}")),
     }
 }
 
@@ -338,7 +307,7 @@ fn spine_store(r: &mut Report, root: &Path, f: SpineFormat, layers: usize, fp: &
 /// The streaming install's expert cache: whether every cached expert was read from the shards
 /// this checkpoint has now.
 fn expert_cache(r: &mut Report, root: &Path, inv: &Inventory, index: &ExpertIndex) {
-    let dir = deltafin::install::experts_dir(root);
+    let dir = deltafin::installed::experts_dir(root);
     if !dir.is_dir() {
         return;
     }

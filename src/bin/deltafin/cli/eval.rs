@@ -58,9 +58,11 @@ fn scorer(
     spec: &str,
 ) -> anyhow::Result<Box<dyn Scorer>> {
     if let Some(work) = spec.strip_prefix("fp32=") {
-        let cfg = deltafin::K3Config::from_file(&root.join("config.json"))?;
+        let cfg = deltafin::models::k3::config::K3Config::from_file(&root.join("config.json"))?;
         let w = PathBuf::from(work).join("weights.safetensors");
-        return Ok(Box::new(deltafin::train::Net::from_checkpoint(&cfg, &w)?));
+        return Ok(Box::new(deltafin::models::k3::train::Net::from_checkpoint(
+            &cfg, &w,
+        )?));
     }
     let mut s = store.clone();
     s.spine = match spec {
@@ -75,7 +77,7 @@ fn scorer(
 fn halved(store: &StoreArgs) -> StoreArgs {
     let limit = store
         .memory_gb
-        .unwrap_or_else(|| deltafin::memory::Memory::read().limit().0 as f64 / 1e9);
+        .unwrap_or_else(|| deltafin::runtime::memory::Memory::read().limit().0 as f64 / 1e9);
     StoreArgs {
         memory_gb: Some(limit / 2.0),
         ..store.clone()
@@ -95,7 +97,7 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<()> {
         out["text"] = a.text.as_ref().map(|p| p.display().to_string()).into();
         if a.compare.is_empty() {
             // The inference model, also counting consecutive-position expert reuse.
-            let reuse = std::sync::Arc::new(deltafin::model::ExpertReuse::default());
+            let reuse = std::sync::Arc::new(deltafin::runtime::observers::ExpertReuse::default());
             let mut engine = load_engine(&root, &a.store, 0)?;
             engine.model_mut().observe(reuse.clone());
             let model = engine.into_model();
@@ -103,7 +105,7 @@ pub fn run(a: &EvalArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|w| w.len() - 1)
                 .sum::<usize>();
-            let bar = deltafin::progress::bytes_bar(total as u64, "scoring (tokens)");
+            let bar = deltafin::progress::Bar::bytes(total as u64, "scoring (tokens)");
             let t0 = std::time::Instant::now();
             let r = eval::nll(&model, ids, a.window, a.max_tokens, |n| {
                 bar.set_position(n as u64)

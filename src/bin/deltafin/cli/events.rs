@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use deltafin::experts::ExpertStats;
-use deltafin::model::LayerProfile;
-use deltafin::K3Model;
+use deltafin::runtime::observers::LayerProfile;
 
 /// The event stream (inert when no path was given).
 pub struct Events {
@@ -72,7 +71,7 @@ pub struct TokenReport {
 impl TokenReport {
     /// Starts reporting on `model`'s tokens.
     pub fn new(
-        model: &K3Model,
+        model: &dyn deltafin::Model,
         events: Events,
         stats: bool,
         profile: Option<Arc<LayerProfile>>,
@@ -94,7 +93,7 @@ impl TokenReport {
     }
 
     /// Reports token `id` (its text `piece` when there is a tokenizer).
-    pub fn token(&mut self, model: &K3Model, id: u32, piece: Option<String>) {
+    pub fn token(&mut self, model: &dyn deltafin::Model, id: u32, piece: Option<String>) {
         // This token's expert statistics, read once for --stats and the event stream.
         let token_stats = (self.stats || self.events.on()).then(|| {
             let now = model.expert_stats().unwrap_or_default();
@@ -111,7 +110,7 @@ impl TokenReport {
             }
         }
         if self.events.on() {
-            let ms = deltafin::model::profile::lap(&mut self.clock);
+            let ms = deltafin::runtime::observers::profile::lap(&mut self.clock);
             let v = serde_json::json!({
                 "i": self.i, "id": id, "ms": ms, "piece": piece, "experts": token_stats,
             });

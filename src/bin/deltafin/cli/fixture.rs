@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 
-use deltafin::checkpoint::fixture::{
+use deltafin::models::k3::fixture::{
     write_k3_full, write_medium, write_nano, write_slice, NanoOptions,
 };
 
@@ -62,7 +62,7 @@ pub enum FixtureKind {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Only the first N decoder layers (a full-shape layer prefix, for prefill checks).
-        #[arg(long, default_value_t = deltafin::checkpoint::fixture::K3_LAYERS)]
+        #[arg(long, default_value_t = deltafin::models::k3::fixture::K3_LAYERS)]
         layers: usize,
     },
     /// gpt-oss at its published shape (120b: 36 layers × 128 experts; or 20b), as sparse files:

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use clap::Args;
 
 use deltafin::install::{
-    fetch_experts, missing_experts, parse_layers, setup, warm_plan, Mode, SetupOptions,
+    fetch_experts, missing_experts, parse_layers, setup, warm_plan, SetupOptions,
 };
+use deltafin::installed::Mode;
 
 /// Arguments of `setup`.
 #[derive(Debug, Clone, Args)]

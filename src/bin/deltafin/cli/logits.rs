@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use deltafin::model::observe::RouteCollector;
+use deltafin::runtime::observe::RouteCollector;
 
 use super::store::{load_engine, StoreArgs};
 
@@ -64,9 +64,6 @@ fn routes_json(c: &RouteCollector) -> serde_json::Value {
 /// Runs `deltafin logits`.
 pub fn run(a: &LogitsArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
-    if deltafin::models::ModelKind::detect(&root)? == deltafin::models::ModelKind::GptOss {
-        return run_gpt_oss(a, &root);
-    }
     let mut engine = load_engine(&root, &a.store, 0)?;
     let routes = Arc::new(RouteCollector::default());
     engine.model_mut().observe(routes.clone());
@@ -88,37 +85,6 @@ pub fn run(a: &LogitsArgs) -> anyhow::Result<()> {
     write_doc(
         a,
         &root,
-        prompt_logits,
-        prompt_routes,
-        greedy,
-        gen_logits,
-        gen_routes,
-    )
-}
-
-/// `logits` on a gpt-oss checkpoint (its experts in a tiered store with the default options).
-fn run_gpt_oss(a: &LogitsArgs, root: &std::path::Path) -> anyhow::Result<()> {
-    use deltafin::models::gpt_oss::GptOssModel;
-    let mut model = GptOssModel::open(root, &Default::default())?;
-    let routes = Arc::new(RouteCollector::default());
-    model.observe(routes.clone());
-    let mut state = model.new_state();
-    let v = model.config().vocab_size;
-    let all = model.forward_all(&a.prompt_ids, &mut state)?;
-    let prompt_logits: Vec<Vec<f32>> = all.chunks(v).map(|r| r.to_vec()).collect();
-    let prompt_routes = routes_json(&routes);
-    let mut next = argmax(prompt_logits.last().context("empty prompt")?);
-    let (mut greedy, mut gen_logits, mut gen_routes) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..a.generate {
-        greedy.push(next);
-        let l = model.forward(&[next], &mut state)?;
-        gen_routes.push(routes_json(&routes));
-        next = argmax(&l);
-        gen_logits.push(l);
-    }
-    write_doc(
-        a,
-        root,
         prompt_logits,
         prompt_routes,
         greedy,

@@ -10,8 +10,8 @@ pub mod install;
 pub mod logits;
 pub mod prompt_cache;
 mod render;
+mod reply;
 pub mod run;
-pub mod run_gpt_oss;
 mod serve;
 pub mod store;
 pub mod train;
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use deltafin::checkpoint::Inventory;
-use deltafin::K3Config;
+use deltafin::models::k3::config::K3Config;
 
 /// Kimi K3 on one machine: streamed MXFP4 experts on Candle.
 #[derive(Debug, Parser)]
@@ -136,7 +136,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Fixture { kind } => fixture::write(kind)?,
         Command::Inventory { dir, json } => {
             let inv = Inventory::from_dir(&dir)?;
-            let ex = deltafin::models::ModelKind::detect(&dir)?.expert_index(&dir, &inv)?;
+            let ex = deltafin::models::family(&dir)?.expert_index(&dir, &inv)?;
             let summary = serde_json::json!({
                 "shards": inv.shards.iter().map(|s| &s.file).collect::<Vec<_>>(),
                 "tensors": inv.len(),
@@ -276,20 +276,4 @@ fn convert(
     bar.finish_and_clear();
     eprintln!("spine ({}) written to {}", format.dir_name(), dir.display());
     Ok(())
-}
-
-/// The engine's model as K3 (the commands that read K3's internals: spine report, kernel).
-pub fn k3(engine: &deltafin::Engine) -> anyhow::Result<&deltafin::K3Model> {
-    engine
-        .model()
-        .downcast::<deltafin::K3Model>()
-        .ok_or_else(|| anyhow::anyhow!("this command needs a Kimi K3 checkpoint"))
-}
-
-/// `k3`, mutable (to attach observers before sessions start).
-pub fn k3_mut(engine: &mut deltafin::Engine) -> anyhow::Result<&mut deltafin::K3Model> {
-    engine
-        .model_mut()
-        .downcast_mut::<deltafin::K3Model>()
-        .ok_or_else(|| anyhow::anyhow!("this command needs a Kimi K3 checkpoint"))
 }

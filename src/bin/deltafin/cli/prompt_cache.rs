@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use deltafin::engine::CacheRam;
-use deltafin::runtime::prompt_cache::PromptCacheOptions;
+use deltafin::engine::prompt_cache::PromptCacheOptions;
+use deltafin::runtime::load::CacheRam;
 use deltafin::Engine;
 
 use super::store::{load_engine_with, StoreArgs};

@@ -9,9 +9,6 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use deltafin::models::ModelKind;
-use deltafin::tokenizer::Tokenizer;
-
 /// Arguments of `render`.
 #[derive(Debug, Args)]
 pub struct RenderArgs {
@@ -33,8 +30,10 @@ pub fn run(a: &RenderArgs) -> anyhow::Result<()> {
         .model_root
         .clone()
         .unwrap_or_else(|| PathBuf::from(deltafin::assets::K3_TINY_DIR));
-    let format = ModelKind::detect(&root)?.chat_format();
-    let tok = Tokenizer::from_dir(&root)
+    let family = deltafin::models::family(&root)?;
+    let format = family.chat_format();
+    let tok = family
+        .tokenizer(&root)
         .with_context(|| format!("loading the tokenizer of {}", root.display()))?;
     let input: Box<dyn BufRead> = match a.requests.as_str() {
         "-" => Box::new(std::io::stdin().lock()),
@@ -42,7 +41,7 @@ pub fn run(a: &RenderArgs) -> anyhow::Result<()> {
             std::fs::File::open(p).with_context(|| format!("opening {p}"))?,
         )),
     };
-    let date = Some(a.date.clone().unwrap_or_else(super::run_gpt_oss::today));
+    let date = Some(a.date.clone().unwrap_or_else(super::reply::today));
     let effort = std::env::var("K3_REASONING_EFFORT").ok();
     let mut out = std::io::stdout().lock();
     for (n, line) in input.lines().enumerate() {

@@ -1,4 +1,7 @@
-//! `deltafin run`: greedy generation from token ids.
+//! `deltafin run`: greedy generation from token ids, raw text, or (`--chat`) one user turn in
+//! the model's chat format, on any family, through the engine and a session: the memory plan,
+//! speculation, the prompt cache, the observers (router trace, layer profile, prefill progress,
+//! expert reuse), Ctrl-C between tokens, and one JSON report (`--json`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,12 +9,12 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use deltafin::chat::{encode_segments, render, ChatOptions, ChatSplitter, Delta, Message};
-use deltafin::generate::argmax;
-use deltafin::model::{ExpertReuse, LayerProfile, RouterTrace};
+use deltafin::chat::{encode_marked, ChatOptions, Delta, Message};
 use deltafin::progress::{PrefillProgress, ProgressMode};
+use deltafin::runtime::generate::argmax;
+use deltafin::runtime::observers::{ExpertReuse, LayerProfile, RouterTrace};
 use deltafin::tokenizer::StreamDecoder;
-use deltafin::GenerateOptions;
+use deltafin::{Engine, GenerateOptions, Generation, Model};
 
 use super::prompt_cache::{load_engine_cached, PromptCacheArgs};
 pub use super::store::{load_engine, StoreArgs};
@@ -29,13 +32,15 @@ pub struct RunArgs {
     /// Prompt token ids, comma-separated.
     #[arg(long, value_delimiter = ',', required_unless_present = "prompt")]
     pub prompt_ids: Vec<u32>,
-    /// Render the prompt as a chat turn (K3's chat format) and run to the end of the message.
+    /// Render the prompt as a chat turn (the model's chat format) and run to the end of the
+    /// message.
     #[arg(long, requires = "prompt")]
     pub chat: bool,
     /// With `--chat`: answer without the think block.
     #[arg(long)]
     pub no_thinking: bool,
-    /// With `--chat`: reasoning effort low, high or max (default: `K3_REASONING_EFFORT`, else max).
+    /// With `--chat`: reasoning effort low, medium, high or max, as the chat format offers
+    /// them (default: `K3_REASONING_EFFORT`, else the format's default).
     #[arg(long)]
     pub effort: Option<String>,
     /// Most tokens to generate (default: 64 for raw completion, 8192 for chat).
@@ -80,7 +85,7 @@ pub struct SpecArgs {
     /// `auto` (n-gram drafts at the depth measured acceptance and pass costs favour, none
     /// where it does not pay), `ngram` (always the full depth when a draft exists) or `off`.
     #[arg(long, default_value = "auto")]
-    pub speculate: deltafin::generate::SpecMode,
+    pub speculate: deltafin::runtime::generate::SpecMode,
     /// Most drafts verified per pass (1..=16).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub spec_depth: u16,
@@ -88,8 +93,8 @@ pub struct SpecArgs {
 
 impl SpecArgs {
     /// The library's settings.
-    pub fn speculation(&self) -> deltafin::generate::Speculation {
-        deltafin::generate::Speculation {
+    pub fn speculation(&self) -> deltafin::runtime::generate::Speculation {
+        deltafin::runtime::generate::Speculation {
             mode: self.speculate,
             depth: self.spec_depth as usize,
         }
@@ -99,8 +104,8 @@ impl SpecArgs {
 /// What speculation did in a run, per decode pass and per emitted token: drafts proposed and
 /// accepted, tokens per pass, spine and expert bytes read per emitted token.
 fn spec_report(
-    model: &deltafin::K3Model,
-    gen: &deltafin::Generation,
+    model: &dyn Model,
+    gen: &Generation,
     args: &SpecArgs,
     after_prefill: deltafin::experts::ExpertStats,
 ) -> serde_json::Value {
@@ -110,7 +115,8 @@ fn spec_report(
         .expert_stats()
         .unwrap_or_default()
         .since(&after_prefill);
-    let spine = model.spine().report().bytes_read_per_token as f64 * s.passes as f64;
+    let per_pass = model.spine_report().map_or(0, |r| r.bytes_read_per_token);
+    let spine = per_pass as f64 * s.passes as f64;
     serde_json::json!({
         "mode": args.speculate, "depth": args.spec_depth, "passes": s.passes,
         "verify_passes": s.verify_passes, "drafted": s.drafted, "accepted": s.accepted,
@@ -121,105 +127,136 @@ fn spec_report(
     })
 }
 
+/// The observers `run` attaches: the router trace, the layer profile, prefill progress and
+/// expert reuse.
+struct Watch {
+    router_trace: Option<Arc<RouterTrace>>,
+    profile: Option<Arc<LayerProfile>>,
+    reuse: Option<Arc<ExpertReuse>>,
+}
+
+impl Watch {
+    fn attach(a: &RunArgs, model: &mut dyn Model) -> anyhow::Result<Watch> {
+        let router_trace = match &a.router_trace {
+            Some(p) => Some(Arc::new(RouterTrace::create(p)?)),
+            None => RouterTrace::from_setting(
+                std::env::var("K3_TRACE").ok().as_deref(),
+                &std::env::current_dir()?,
+            )?
+            .map(Arc::new),
+        };
+        if let Some(rt) = &router_trace {
+            model.observe(rt.clone());
+        }
+        let profile = match (a.layer_profile, model.experts()) {
+            (true, Some(e)) => Some(Arc::new(LayerProfile::new(e.clone()))),
+            (true, None) => anyhow::bail!("--layer-profile needs a model with routed experts"),
+            _ => None,
+        };
+        if let Some(p) = &profile {
+            model.observe(p.clone());
+        }
+        // Where a long prefill is: a bar on a terminal, else a line every few seconds.
+        if !a.json {
+            model.observe(Arc::new(PrefillProgress::new(ProgressMode::Terminal)));
+        }
+        let reuse = a.stats.then(|| Arc::new(ExpertReuse::default()));
+        if let Some(r) = &reuse {
+            model.observe(r.clone());
+        }
+        Ok(Watch {
+            router_trace,
+            profile,
+            reuse,
+        })
+    }
+}
+
+/// Ctrl-C sets the returned flag (generation stops between tokens, a prefill between
+/// layers); a second one exits at once.
+fn cancel_on_ctrl_c() -> Arc<AtomicBool> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let c = cancel.clone();
+    let _ = ctrlc::set_handler(move || {
+        if c.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+    });
+    cancel
+}
+
+/// The chat options of `--chat` and the prompt ids: the rendered turn, the raw text, or the
+/// ids given.
+fn prompt(a: &RunArgs, engine: &Engine) -> anyhow::Result<(ChatOptions, Vec<u32>)> {
+    let thinking = a.chat && !a.no_thinking;
+    let format = engine.chat_format();
+    let effort = match thinking {
+        true => Some(format.effort(
+            a.effort.as_deref(),
+            std::env::var("K3_REASONING_EFFORT").ok().as_deref(),
+        )?),
+        false => None,
+    };
+    let chat = ChatOptions {
+        thinking,
+        effort,
+        date: Some(super::reply::today()),
+        ..Default::default()
+    };
+    let tok = engine.tokenizer();
+    let ids = match &a.prompt {
+        Some(p) if a.chat => {
+            let (segs, marks) = format.render(&[Message::new("user", p)], &chat)?;
+            encode_marked(tok, &segs, &marks).0
+        }
+        Some(p) => tok.encode_ordinary(p),
+        None => a.prompt_ids.clone(),
+    };
+    if ids.is_empty() {
+        anyhow::bail!("the prompt is empty");
+    }
+    Ok((chat, ids))
+}
+
 /// Runs `deltafin run`.
 pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     let root = super::default_root(a.model_root.as_deref())?;
-    if deltafin::models::ModelKind::detect(&root)? == deltafin::models::ModelKind::GptOss {
-        return super::run_gpt_oss::run(a, &root);
-    }
     let mut engine = match &a.cache.prompt_cache {
         Some(_) if !a.cache.no_prompt_cache => {
             load_engine_cached(&root, &a.store, &a.cache, Some(1))?
         }
         _ => load_engine(&root, &a.store, 0)?,
     };
-    let model = super::k3_mut(&mut engine)?;
-    // The pass observers: the router trace and the layer profile.
-    let router_trace = match &a.router_trace {
-        Some(p) => Some(Arc::new(RouterTrace::create(p)?)),
-        None => RouterTrace::from_setting(
-            std::env::var("K3_TRACE").ok().as_deref(),
-            &std::env::current_dir()?,
-        )?
-        .map(Arc::new),
-    };
-    if let Some(rt) = &router_trace {
-        model.observe(rt.clone());
-    }
-    let profile = a
-        .layer_profile
-        .then(|| Arc::new(LayerProfile::new(model.experts().clone())));
-    if let Some(p) = &profile {
-        model.observe(p.clone());
-    }
-    // Where a long prefill is: a bar on a terminal, else a line every few seconds.
-    model.observe(Arc::new(PrefillProgress::new(ProgressMode::Terminal)));
-    let reuse = a.stats.then(|| Arc::new(ExpertReuse::default()));
-    if let Some(r) = &reuse {
-        model.observe(r.clone());
-    }
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let c = cancel.clone();
-        // A second Ctrl-C while stopping exits at once.
-        let _ = ctrlc::set_handler(move || {
-            if c.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-        });
-    }
-    let (model, tok) = (super::k3(&engine)?, Some(engine.tokenizer()));
-    let tok = tok.filter(|_| a.prompt.is_some());
-    let thinking = a.chat && !a.no_thinking;
-    let prompt_ids: Vec<u32> = match (&a.prompt, &tok) {
-        (Some(p), Some(t)) if a.chat => {
-            let effort = if thinking {
-                Some(deltafin::chat::ChatFormat::Xtml.effort(
-                    a.effort.as_deref(),
-                    std::env::var("K3_REASONING_EFFORT").ok().as_deref(),
-                )?)
-            } else {
-                None
-            };
-            let opts = ChatOptions {
-                thinking,
-                effort,
-                ..Default::default()
-            };
-            encode_segments(t, &render(&[Message::new("user", p)], &opts)?)
-        }
-        (Some(p), Some(t)) => t.encode_ordinary(p),
-        _ => a.prompt_ids.clone(),
-    };
-    if prompt_ids.is_empty() {
-        anyhow::bail!("the prompt is empty");
-    }
+    let watch = Watch::attach(a, engine.model_mut())?;
+    let cancel = cancel_on_ctrl_c();
+    let (chat, prompt_ids) = prompt(a, &engine)?;
+    let (model, tok) = (engine.model(), engine.tokenizer());
+    let tok = a.prompt.is_some().then_some(tok);
     let gen_opts = GenerateOptions {
         max_new: a.max_new.unwrap_or(if a.chat { 8192 } else { 64 }),
         stop_ids: if a.ignore_eos {
             Vec::new()
         } else {
-            vec![model.config().eos_token_id]
+            engine.stop_ids()
         },
         speculation: a.spec.speculation(),
     };
-    let mut session = engine.session(ChatOptions::default());
     let mut events = super::events::Events::create(a.events_jsonl.as_deref())?;
     events.emit(
         "start",
         serde_json::json!({
             "model_root": root.display().to_string(),
-            "device": deltafin::compute::device::describe(model.device()),
-            "kernel": model.options.kernel.name(),
-            "spine": model.spine().report(),
+            "model": model.describe(),
             "prompt_tokens": prompt_ids.len(),
             "max_new": gen_opts.max_new,
         }),
     )?;
     // The token observers: --stats, the event stream and the layer profile's lines.
-    let mut report = super::events::TokenReport::new(model, events, a.stats, profile);
+    let mut report = super::events::TokenReport::new(model, events, a.stats, watch.profile.clone());
     let mut dec = StreamDecoder::new();
-    let mut split = ChatSplitter::new(thinking);
+    let mut split = engine
+        .chat_format()
+        .splitter(engine.tokenizer_arc(), chat.thinking, false)?;
     let dim = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let show = |deltas: Vec<Delta>| {
         for d in deltas {
@@ -237,6 +274,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     // Expert reads from the first token on (the prefill's are not the decode's).
     let mut after_prefill = None;
     let (read0, mut prefill_read) = (model.bytes_read(), None);
+    let mut session = engine.session(chat.clone());
     let gen = session.generate(
         &prompt_ids,
         &gen_opts,
@@ -256,12 +294,12 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             }
         },
     )?;
-    if let Some(rt) = &router_trace {
+    if let Some(rt) = &watch.router_trace {
         rt.flush()?;
     }
+    let spec = spec_report(model, &gen, &a.spec, after_prefill.unwrap_or_default());
     let mut events = report.finish()?;
     let decode_steps = gen.generated_ids.len().saturating_sub(1).max(1);
-    let spec = spec_report(model, &gen, &a.spec, after_prefill.unwrap_or_default());
     events.emit(
         "end",
         serde_json::json!({
@@ -275,92 +313,29 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             "prompt_cache": engine.prompt_cache().map(|c| c.stats()),
         }),
     )?;
-    if let (true, Some(c)) = (a.stats, engine.prompt_cache()) {
-        let s = c.stats();
-        eprintln!(
-            "prompt cache: {} of {} prompt tokens from an entry; {} hits ({} from disk) in {} lookups; {:.1} MB in RAM ({} entries), {:.1} MB on disk ({} files)",
-            gen.cached,
-            prompt_ids.len(),
-            s.hits,
-            s.disk_hits,
-            s.lookups,
-            s.ram_bytes as f64 / 1e6,
-            s.ram_entries,
-            s.disk_bytes as f64 / 1e6,
-            s.disk_entries
-        );
-    }
     if !a.json && tok.is_some() {
-        let rest = dec.finish();
         if a.chat {
-            let mut d = split.push(&rest);
-            d.extend(split.finish());
-            show(d);
+            show(split.finish(&mut dec));
         } else {
-            show(vec![Delta::Content(rest)]);
+            show(vec![Delta::Content(dec.finish())]);
         }
         println!();
     }
-    let steps = gen.generated_ids.len().saturating_sub(1).max(1);
-    if a.json {
-        let v = serde_json::json!({
-            "text": tok.as_ref().map(|t| t.decode(&gen.generated_ids)),
-            "prompt_ids": gen.prompt_ids,
-            "generated_ids": gen.generated_ids,
-            "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
-            "stop": gen.stop,
-            "prefill": {"tokens": prompt_ids.len(), "cached": gen.cached, "ms": gen.prefill_ms,
-                "passes": prompt_ids.len().div_ceil(model.options.pass_len()),
-                "bytes_read": prefill_read},
-            "speculation": spec,
-            "memory": super::store::memory_report(model),
-            "prompt_cache": engine.prompt_cache().map(|c| c.stats()),
-        });
-        println!("{v}");
-    } else {
-        if tok.is_none() {
-            eprintln!();
-            println!(
-                "{}",
-                gen.generated_ids
-                    .iter()
-                    .map(|i| i.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
-        }
-        let secs = gen.decode_ms / 1e3;
-        eprintln!(
-            "[{} tokens, stop: {:?}; prefill {:.1} ms for {} tokens; decode {:.2} ms/token, {:.2} tok/s]",
-            gen.generated_ids.len(),
-            gen.stop,
-            gen.prefill_ms,
-            prompt_ids.len(),
-            gen.decode_ms / steps as f64,
-            if secs > 0.0 { steps as f64 / secs } else { 0.0 }
-        );
+    let done = Done {
+        gen: &gen,
+        prompt_ids: &prompt_ids,
+        prefill_read,
+        spec,
+        with_text: tok.is_some(),
+    };
+    match a.json {
+        true => done.print_json(&engine, a.chat, &chat),
+        false => done.print_text(&engine, a, tok.is_none()),
     }
     if a.stats {
-        if let Some(s) = model.expert_stats() {
-            eprintln!("total: {}", serde_json::to_string(&s)?);
-        }
-        eprintln!("speculation: {spec}");
-        if let Some(r) = &reuse {
-            let t = model.config().text();
-            let layers: Vec<String> = r
-                .per_layer()
-                .iter()
-                .map(|(l, s, _)| format!("L{l} {:.1}%", 100.0 * s))
-                .collect();
-            eprintln!(
-                "expert reuse (share of a token's experts the previous token also used): {:.1}% overall (random routing: {:.1}%); {}",
-                100.0 * r.overall(),
-                100.0 * t.num_experts_per_token as f64 / t.num_experts as f64,
-                layers.join(", ")
-            );
-        }
+        done.print_stats(model, watch.reuse.as_deref());
     }
-    let (_, peak) = deltafin::memory::rss();
+    let (_, peak) = deltafin::runtime::memory::rss();
     eprintln!(
         "peak RSS {:.2} GB{}",
         peak as f64 / 1e9,
@@ -370,4 +345,100 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+/// A finished run, for its reports.
+struct Done<'a> {
+    gen: &'a Generation,
+    prompt_ids: &'a [u32],
+    prefill_read: Option<u64>,
+    spec: serde_json::Value,
+    /// The prompt was text (so the reply is decoded too).
+    with_text: bool,
+}
+
+impl Done<'_> {
+    /// The `--json` document.
+    fn print_json(&self, engine: &Engine, chat: bool, opts: &ChatOptions) {
+        let (gen, model) = (self.gen, engine.model());
+        let text = self
+            .with_text
+            .then(|| engine.tokenizer().decode(&gen.generated_ids));
+        let reply = (self.with_text && chat)
+            .then(|| super::reply::reply_text(engine, &gen.generated_ids, chat, opts));
+        let v = serde_json::json!({
+            "text": text,
+            "reply": reply,
+            "prompt_ids": gen.prompt_ids,
+            "generated_ids": gen.generated_ids,
+            "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
+            "stop": gen.stop,
+            "prefill": {"tokens": self.prompt_ids.len(), "cached": gen.cached, "ms": gen.prefill_ms,
+                "passes": self.prompt_ids.len().div_ceil(model.pass_len().max(1)),
+                "bytes_read": self.prefill_read},
+            "decode_ms_per_token": gen.decode_ms / gen.generated_ids.len().saturating_sub(1).max(1) as f64,
+            "speculation": self.spec,
+            "memory": super::store::memory_report(model),
+            "prompt_cache": engine.prompt_cache().map(|c| c.stats()),
+        });
+        println!("{v}");
+    }
+
+    /// The closing lines on a terminal: the ids (without a tokenizer's text), the timings and
+    /// the prompt cache.
+    fn print_text(&self, engine: &Engine, a: &RunArgs, ids_only: bool) {
+        let gen = self.gen;
+        if ids_only {
+            eprintln!();
+            let ids: Vec<String> = gen.generated_ids.iter().map(|i| i.to_string()).collect();
+            println!("{}", ids.join(","));
+        }
+        let steps = gen.generated_ids.len().saturating_sub(1).max(1);
+        let secs = gen.decode_ms / 1e3;
+        eprintln!(
+            "[{} tokens, stop: {:?}; prefill {:.1} ms for {} tokens; decode {:.2} ms/token, {:.2} tok/s]",
+            gen.generated_ids.len(),
+            gen.stop,
+            gen.prefill_ms,
+            self.prompt_ids.len(),
+            gen.decode_ms / steps as f64,
+            if secs > 0.0 { steps as f64 / secs } else { 0.0 }
+        );
+        if let (true, Some(c)) = (a.stats, engine.prompt_cache()) {
+            let s = c.stats();
+            eprintln!(
+                "prompt cache: {} of {} prompt tokens from an entry; {} hits ({} from disk) in {} lookups; {:.1} MB in RAM ({} entries), {:.1} MB on disk ({} files)",
+                gen.cached,
+                self.prompt_ids.len(),
+                s.hits,
+                s.disk_hits,
+                s.lookups,
+                s.ram_bytes as f64 / 1e6,
+                s.ram_entries,
+                s.disk_bytes as f64 / 1e6,
+                s.disk_entries
+            );
+        }
+    }
+
+    /// `--stats`: the expert store's totals, speculation and expert reuse.
+    fn print_stats(&self, model: &dyn Model, reuse: Option<&ExpertReuse>) {
+        if let Some(s) = model.expert_stats() {
+            eprintln!("total: {}", serde_json::to_string(&s).unwrap_or_default());
+        }
+        eprintln!("speculation: {}", self.spec);
+        if let (Some(r), Some((top_k, experts))) = (reuse, model.routing()) {
+            let layers: Vec<String> = r
+                .per_layer()
+                .iter()
+                .map(|(l, s, _)| format!("L{l} {:.1}%", 100.0 * s))
+                .collect();
+            eprintln!(
+                "expert reuse (share of a token's experts the previous token also used): {:.1}% overall (random routing: {:.1}%); {}",
+                100.0 * r.overall(),
+                100.0 * top_k as f64 / experts as f64,
+                layers.join(", ")
+            );
+        }
+    }
 }

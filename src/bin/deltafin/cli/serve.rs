@@ -147,11 +147,11 @@ fn serve_state(
         prompt_cache: !a.cache.no_prompt_cache,
         api_key: a.api_key.clone(),
         // Harmony (gpt-oss) renders the date: the day the server started.
-        date: Some(super::run_gpt_oss::today()),
+        date: Some(super::reply::today()),
         ..Default::default()
     };
-    if deltafin::install::read_manifest(root)
-        .is_some_and(|m| m.mode == deltafin::install::Mode::Stream)
+    if deltafin::installed::read_manifest(root)
+        .is_some_and(|m| m.mode == deltafin::installed::Mode::Stream)
     {
         eprintln!("streaming install: experts are fetched as they are used, so early requests can take hours");
     }

@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use deltafin::engine::{CacheRam, LoadOptions};
 use deltafin::experts::{CacheAdvice, DiskCache, TieredOptions};
+use deltafin::runtime::load::CacheRam;
+use deltafin::runtime::load::LoadOptions;
 use deltafin::spine::source::SpineChoice;
-use deltafin::{Engine, EngineOptions, K3Model};
+use deltafin::Model;
+use deltafin::{Engine, EngineOptions};
 
 /// Expert-store, spine and memory settings shared by the commands that run the model.
 #[derive(Debug, Clone, Args)]
@@ -141,30 +143,27 @@ pub fn load_engine_with(
         device: store.device,
     };
     let engine = Engine::open_with(root, &opts, |p| eprintln!("{p}"))?;
-    let Some(model) = engine.model().downcast::<deltafin::K3Model>() else {
-        // Another family (gpt-oss): dense layers mapped and resident, experts streamed.
-        let m = engine.model();
-        eprintln!(
-            "CPU ({} threads); experts: RAM tier {:.2} GB, local shards, {} readers; dense weights mapped and resident; context limit {} tokens",
-            rayon::current_num_threads(),
-            m.plan().map_or(0, |p| p.expert_ram) as f64 / 1e9,
-            store.readers,
-            m.context_limit()
-        );
-        return Ok(engine);
-    };
-    let r = model.spine().report();
-    let ram = model.plan().map(|p| p.expert_ram).unwrap_or(0);
+    print_summary(root, store, engine.model())?;
+    Ok(engine)
+}
+
+/// The lines a front end prints once the model is open: device, expert store, spine, context.
+fn print_summary(root: &Path, store: &StoreArgs, model: &dyn Model) -> anyhow::Result<()> {
+    let streaming = deltafin::installed::read_manifest(root)
+        .filter(|m| m.mode == deltafin::installed::Mode::Stream);
     eprintln!(
-        "device: {} (host: {} threads, MXFP4 kernel {}); experts: RAM tier {:.2} GB{}{}, {} readers, prefetch {}",
+        "device: {} (host: {} threads); experts: RAM tier {:.2} GB{}{}, {} readers, prefetch {}",
         deltafin::compute::device::describe(model.device()),
         rayon::current_num_threads(),
-        model.options.kernel.name(),
-        ram as f64 / 1e9,
-        if store.cache_dir.is_some() { ", disk cache" } else { "" },
-        match deltafin::install::read_manifest(root) {
-            Some(m) if m.mode == deltafin::install::Mode::Stream => ", disk cache + hub (streaming install)",
-            _ => ", local shards",
+        model.plan().map_or(0, |p| p.expert_ram) as f64 / 1e9,
+        if store.cache_dir.is_some() {
+            ", disk cache"
+        } else {
+            ""
+        },
+        match streaming {
+            Some(_) => ", disk cache + hub (streaming install)",
+            None => ", local shards",
         },
         store.readers,
         match model.plan().map(|p| p.prefetch_cap) {
@@ -172,24 +171,31 @@ pub fn load_engine_with(
             _ => "off".into(),
         }
     );
-    eprintln!(
-        "spine: {} from {}; {} layers pinned ({:.2} GB), {} streamed; spine bytes read per token: {:.2} GB; context limit {} tokens",
-        r.format.dir_name(),
-        if r.from_store { "the converted store" } else { "the checkpoint shards" },
-        r.layers_pinned,
-        r.resident_bytes as f64 / 1e9,
-        r.layers_streamed,
-        r.bytes_read_per_token as f64 / 1e9,
-        model.context_limit()
-    );
-    if let Some(m) =
-        deltafin::install::read_manifest(root).filter(|m| m.mode == deltafin::install::Mode::Stream)
-    {
+    match model.spine_report() {
+        Some(r) => eprintln!(
+            "spine: {} from {}; {} layers pinned ({:.2} GB), {} streamed; spine bytes read per token: {:.2} GB; context limit {} tokens",
+            r.format.dir_name(),
+            if r.from_store { "the converted store" } else { "the checkpoint shards" },
+            r.layers_pinned,
+            r.resident_bytes as f64 / 1e9,
+            r.layers_streamed,
+            r.bytes_read_per_token as f64 / 1e9,
+            model.context_limit()
+        ),
+        None => eprintln!(
+            "dense weights mapped and resident; context limit {} tokens",
+            model.context_limit()
+        ),
+    }
+    if let Some(m) = streaming {
         let missing = deltafin::install::missing_experts(root, None)?;
         let (n, bytes): (usize, u64) = missing
             .iter()
             .fold((0, 0), |(n, b), t| (n + t.1.len(), b + t.2));
-        let total: usize = model.config().moe_layers().count() * model.config().text().num_experts;
+        let inv = deltafin::checkpoint::Inventory::from_dir(root)?;
+        let total = deltafin::models::family(root)?
+            .expert_index(root, &inv)?
+            .count();
         eprintln!(
             "experts: streaming install of {}: {} of {} experts local; `deltafin fetch-experts` would download {}",
             m.repo,
@@ -198,12 +204,12 @@ pub fn load_engine_with(
             indicatif::HumanBytes(bytes)
         );
     }
-    Ok(engine)
+    Ok(())
 }
 
 /// Peak resident memory (`VmHWM`) and the plan's total, for end-of-run reports.
-pub fn memory_report(model: &K3Model) -> serde_json::Value {
-    let (_, peak) = deltafin::memory::rss();
+pub fn memory_report(model: &dyn Model) -> serde_json::Value {
+    let (_, peak) = deltafin::runtime::memory::rss();
     serde_json::json!({
         "peak_rss_bytes": peak,
         "plan": model.plan(),

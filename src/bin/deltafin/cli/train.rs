@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use deltafin::models::k3::train::{
+    export::export, heldout_nll, run_config, train, Dims, TrainOptions,
+};
 use deltafin::tokenizer::Tokenizer;
-use deltafin::train::{export::export, heldout_nll, run_config, train, Dims, TrainOptions};
 
 /// Arguments of `deltafin train`.
 #[derive(Debug, clap::Args)]

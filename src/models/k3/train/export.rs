@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::Net;
-use crate::checkpoint::fixture::{check_a_log_padding, model_units, write_model_data};
+use crate::models::k3::fixture::{check_a_log_padding, model_units, write_model_data};
 use crate::tokenizer::parse_ranks;
 use crate::{Error, Result};
 

@@ -14,7 +14,7 @@ pub use net::Net;
 pub use run::run_config;
 pub use run::{heldout_nll, train, TrainOptions, TrainReport};
 
-use crate::checkpoint::fixture::k3_style_config;
+use crate::models::k3::fixture::k3_style_config;
 
 /// The dimensions of a trained K3-architecture model (every structural feature of K3 kept).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use candle::{DType, Device, Tensor, Var, D};
 
-use crate::config::{AttnKind, FfnKind, K3Config};
+use crate::models::k3::config::{AttnKind, FfnKind, K3Config};
 use crate::models::k3::ops::{
     rms_norm, rms_normalize, sigmoid, situ, KDA_QK_L2_EPS, MLA_LATENT_NORM_EPS,
 };

@@ -12,10 +12,10 @@ use candle::{DType, Device, Tensor, Var};
 use half::bf16;
 
 use super::net::Net;
-use crate::checkpoint::fixture::{model_units, Init, Spec};
 use crate::checkpoint::header::Dtype;
 use crate::checkpoint::rng::Rng;
-use crate::config::K3Config;
+use crate::models::k3::config::K3Config;
+use crate::models::k3::fixture::{model_units, Init, Spec};
 use crate::mxfp4::format::{dequantize, quantize, Mxfp4Matrix};
 use crate::{Error, Result};
 
@@ -98,7 +98,7 @@ fn init_values(s: &Spec, rng: &mut Rng) -> Vec<f32> {
 impl Net {
     /// A freshly initialised network for `cfg`, every value from `seed`.
     pub fn init(cfg: &K3Config, seed: u64, device: &Device) -> Result<Net> {
-        crate::checkpoint::fixture::check_a_log_padding(cfg)?;
+        crate::models::k3::fixture::check_a_log_padding(cfg)?;
         let mut rng = Rng::new(seed);
         let mut values: Vec<(String, Vec<usize>, Vec<f32>)> = spine_specs(cfg)
             .iter()

@@ -14,8 +14,8 @@ use safetensors::tensor::TensorView;
 
 use super::data::{batch_windows, eval_windows, stream};
 use super::{config_json, Dims, Net};
-use crate::config::K3Config;
 use crate::fsio::atomic::write_atomic;
+use crate::models::k3::config::K3Config;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -236,12 +236,10 @@ pub fn train(o: &TrainOptions, cancel: &AtomicBool) -> Result<(Net, TrainReport)
         weight_decay: 0.01,
     };
     let mut opt = AdamW::new(net.all_vars(), params)?;
-    let bar = indicatif::ProgressBar::new(o.steps as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
-        )
-        .map_err(|e| Error::Msg(e.to_string()))?,
+    let bar = crate::progress::Bar::new(
+        o.steps as u64,
+        "{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
+        true,
     );
     bar.set_position(start as u64);
     let t0 = Instant::now();

@@ -20,7 +20,7 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"DFSTATE\0";
 /// Bumped whenever the layout or the state's meaning changes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Magic, version, header length, header checksum.
 const PREFIX: usize = 8 + 4 + 4 + 8;
 
@@ -209,7 +209,7 @@ pub fn read(path: &Path, fingerprint: &str, template: &SeqState) -> Result<Loade
         && header.arrays.iter().zip(&want).all(|(h, w)| {
             h.layer == w.layer
                 && h.what == w.what
-                && (matches!(h.what, ArrayKind::MlaRows | ArrayKind::KvRows) || h.len == w.len)
+                && (matches!(h.what, ArrayKind::Rows) || h.len == w.len)
         });
     if !shape_ok || header.sums.len() != want.len() + usize::from(header.logits > 0) {
         return Err(refused(

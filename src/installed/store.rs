@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::{adopt_source, experts_dir, read_manifest, Mode};
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::experts::{DiskCache, TieredExperts, TieredOptions};
 use crate::hub::HubRepo;
-use crate::install::{adopt_source, experts_dir, read_manifest, Mode};
 use crate::Result;
 
 /// The expert store of an install: local shards for a full install, the disk cache plus the hub

@@ -9,8 +9,8 @@ use std::sync::atomic::AtomicBool;
 
 use super::Engine;
 use crate::chat::{encode_marked, ChatOptions, Delta, Message, Phase};
-use crate::generate::{GenerateOptions, Generation, Generator};
-use crate::runtime::model::SeqState;
+use crate::runtime::generate::{GenerateOptions, Generation, Generator};
+use crate::runtime::state::SeqState;
 use crate::tokenizer::StreamDecoder;
 use crate::Result;
 
@@ -143,7 +143,7 @@ impl<'e> Session<'e> {
                 .generate(&input, &marks, opts, cancel, choose, on_token)
                 .map(|(g, state)| {
                     if !(g.generated_ids.is_empty()
-                        && g.stop == crate::generate::StopReason::Cancelled)
+                        && g.stop == crate::runtime::generate::StopReason::Cancelled)
                     {
                         self.state = state;
                     }
@@ -246,7 +246,7 @@ impl<'e> Session<'e> {
                 &mut content,
             )
         })?;
-        if g.generated_ids.is_empty() && g.stop == crate::generate::StopReason::Cancelled {
+        if g.generated_ids.is_empty() && g.stop == crate::runtime::generate::StopReason::Cancelled {
             // Cancelled before the first token: the turn never happened.
             self.history.truncate(history_len);
             self.phase = phase;
@@ -301,14 +301,14 @@ impl<'e> Session<'e> {
         })
         .map_err(|e| crate::Error::Msg(e.to_string()))?;
         let fp = self.engine.fingerprint()?;
-        crate::runtime::prompt_cache::file::write(path, &fp, &self.fed, &self.state, None, extra)
+        crate::engine::prompt_cache::file::write(path, &fp, &self.fed, &self.state, None, extra)
     }
 
     /// A session read back from `path` (written by `save` for this checkpoint); a file from
     /// another checkpoint, format version or model shape is refused, a damaged one reported.
     pub fn load(engine: &'e Engine, chat: ChatOptions, path: &std::path::Path) -> Result<Self> {
         let fp = engine.fingerprint()?;
-        let l = crate::runtime::prompt_cache::file::read(path, &fp, &engine.model().new_state())?;
+        let l = crate::engine::prompt_cache::file::read(path, &fp, &engine.model().new_state())?;
         let s: Saved =
             serde_json::from_value(l.header.extra).map_err(|e| crate::Error::StateFile {
                 path: path.to_path_buf(),

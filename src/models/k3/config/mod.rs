@@ -240,21 +240,35 @@ pub enum FfnKind {
     Moe,
 }
 
-impl std::fmt::Display for AttnKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
+impl AttnKind {
+    /// `kda` or `mla` (the layer profile's label).
+    pub fn label(self) -> &'static str {
+        match self {
             AttnKind::Kda => "kda",
             AttnKind::Mla => "mla",
-        })
+        }
+    }
+}
+
+impl FfnKind {
+    /// `dense` or `moe` (the layer profile's label).
+    pub fn label(self) -> &'static str {
+        match self {
+            FfnKind::Dense => "dense",
+            FfnKind::Moe => "moe",
+        }
+    }
+}
+
+impl std::fmt::Display for AttnKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.label())
     }
 }
 
 impl std::fmt::Display for FfnKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
-            FfnKind::Dense => "dense",
-            FfnKind::Moe => "moe",
-        })
+        f.pad(self.label())
     }
 }
 

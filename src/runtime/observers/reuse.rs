@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::observe::{Event, Observer};
+use crate::runtime::observe::{Event, Observer};
 
 #[derive(Default)]
 struct Layer {
@@ -64,7 +64,7 @@ impl Observer for ExpertReuse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::k3::Route;
+    use crate::moe::Route;
 
     #[test]
     fn reuse_counts_shared_experts_of_consecutive_positions() {

@@ -1,83 +1,25 @@
-//! Loading a model under the memory plan: sizes every consumer from the config and the
-//! checkpoint, computes the `MemoryPlan`, and opens the spine (with the compute device's side)
-//! and the expert store (local shards, or the cache and the hub for a streaming install) with the
-//! plan's choices (pinned layers, RAM tier, prefetch cap, context limit). Every entry point that
-//! runs the model (`Engine::open`, `bench`, `K3Model::from_dir`) comes here; `model` itself only
-//! builds from a spine and an expert provider it is handed.
+//! Loading K3 under the memory plan: sizes every consumer from the config and the checkpoint,
+//! computes the `MemoryPlan`, and opens the spine (with the compute device's side) and the
+//! expert store (local shards, or the cache and the hub for a streaming install) with the plan's
+//! choices (pinned layers, RAM tier, prefetch cap, context limit). Every entry point that runs
+//! K3 (the family's `open`, `bench`, `K3Model::from_dir`) comes here; `model` itself only builds
+//! from a spine and an expert provider it is handed.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use candle::Device;
 
+use super::config::{AttnKind, K3Config};
+use super::{K3Model, ModelOptions};
 use crate::checkpoint::{ExpertIndex, Inventory};
-use crate::config::{AttnKind, K3Config};
 use crate::experts::{DiskCache, TieredOptions};
-use crate::memory::{rss, Memory, MemoryPlan, PlanInputs};
-use crate::models::k3::{K3Model, ModelOptions};
+use crate::installed::expert_store;
+use crate::runtime::load::{CacheRam, LoadOptions};
+use crate::runtime::memory::{rss, Memory, MemoryPlan, PlanInputs};
 use crate::spine::convert::{is_small, layer_names};
-use crate::spine::source::{Spine, SpineChoice, SpineOptions};
+use crate::spine::source::{Spine, SpineOptions};
 use crate::Result;
-
-/// What the caller asks of the plan and the stores; `None` fields are the plan's to pick.
-#[derive(Debug, Clone)]
-pub struct LoadOptions {
-    /// Memory limit in bytes (`--memory-gb`; default: the smallest of `MemAvailable`, the
-    /// cgroup limit and `MemTotal`).
-    pub memory_limit: Option<u64>,
-    /// Expert RAM tier in bytes (`--ram-gb`).
-    pub expert_ram: Option<u64>,
-    /// Context limit in tokens (`--context`).
-    pub context: Option<usize>,
-    /// Most bytes of spine layers to pin (`--spine-resident-gb`).
-    pub resident_cap: Option<u64>,
-    /// Extra sequence states the caller keeps.
-    pub saved_states: usize,
-    /// Sequences decoding at once in shared passes, each state charged (None: the plan picks
-    /// up to 8; the server's `--max-batch`).
-    pub max_batch: Option<usize>,
-    /// RAM the prompt cache's entries may hold (a line of the plan).
-    pub prompt_cache: CacheRam,
-    /// Spine format.
-    pub spine: SpineChoice,
-    /// Expert store settings; the plan sets the RAM tier and the prefetch cap.
-    pub store: TieredOptions,
-    /// Raw-span disk cache.
-    pub cache: Option<DiskCache>,
-    /// Read streamed spine layers with parallel `O_DIRECT` requests (`None`: when the streamed
-    /// layers exceed what the memory limit leaves the page cache after the plan's charges).
-    pub direct_spine: Option<bool>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            memory_limit: None,
-            expert_ram: None,
-            context: None,
-            resident_cap: None,
-            saved_states: 0,
-            max_batch: Some(1),
-            prompt_cache: CacheRam::Off,
-            spine: SpineChoice::Auto,
-            store: TieredOptions::default(),
-            cache: None,
-            direct_spine: None,
-        }
-    }
-}
-
-/// How much RAM the prompt cache may hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CacheRam {
-    /// No prompt cache.
-    #[default]
-    Off,
-    /// Four snapshots of a 4,096-token sequence (K3: about 2.7 GB).
-    Auto,
-    /// This many bytes (`--prompt-cache-gb`).
-    Bytes(u64),
-}
 
 /// Per-sequence bytes: `(fixed, per position)` (KDA conv + recurrent state; MLA latent cache).
 pub fn state_bytes(cfg: &K3Config) -> (u64, u64) {
@@ -117,7 +59,7 @@ pub fn activation_bytes(cfg: &K3Config, chunk: usize) -> u64 {
     let prefill = 4 * (chunk * per_row + 2 * t.vocab_size) as u64;
     // A verify pass (speculative decoding): fewer rows, but its rollback record lives for the
     // whole pass, every row's logits are kept, and one KDA state is copied per layer.
-    let rows = crate::generate::spec::MAX_DEPTH + 1;
+    let rows = crate::runtime::generate::spec::MAX_DEPTH + 1;
     // Logits twice (the tensor and the host rows the chooser reads).
     let verify = 4
         * (rows * per_row + 2 * rows * t.vocab_size + la.num_heads * la.head_dim * la.head_dim)
@@ -221,7 +163,7 @@ impl K3Model {
             device,
             &spine,
         )?);
-        let experts = Arc::new(super::expert_store(dir, inv, index, opts, cache)?);
+        let experts = Arc::new(expert_store(dir, inv, index, opts, cache)?);
         Self::load(cfg, spine, experts)
     }
 
@@ -263,13 +205,7 @@ impl K3Model {
             prefetch_previous: o.store.prefetch_previous && plan.prefetch_cap > 0,
             ..o.store.clone()
         };
-        let experts = Arc::new(super::expert_store(
-            dir,
-            inv,
-            index,
-            &store,
-            o.cache.clone(),
-        )?);
+        let experts = Arc::new(expert_store(dir, inv, index, &store, o.cache.clone())?);
         let mut model = Self::load(cfg, spine, experts)?;
         model.context_limit = plan.context;
         model.options.prefill_pass = plan.prefill_pass;

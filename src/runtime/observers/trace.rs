@@ -7,8 +7,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::moe::Route;
-use super::observe::{Event, Observer, RouteTrace};
+use crate::moe::Route;
+use crate::runtime::observe::{Event, Observer, RouteTrace};
 use crate::{Error, Result};
 
 /// Writes router traces.

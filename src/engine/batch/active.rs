@@ -9,9 +9,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{BatchOptions, Request, SeqEvent};
-use crate::generate::{Drafter, Generation, Io, NgramDrafter, Pass, SeqDecoder, StopReason};
-use crate::runtime::model::{BatchItem, Logits, SeqState};
-use crate::runtime::prompt_cache::cut_points;
+use crate::engine::prompt_cache::cut_points;
+use crate::runtime::generate::{
+    Drafter, Generation, Io, NgramDrafter, Pass, SeqDecoder, StopReason,
+};
+use crate::runtime::model::{BatchItem, Logits};
+use crate::runtime::state::SeqState;
 use crate::{Engine, Result};
 
 enum Phase {

@@ -3,14 +3,7 @@
 
 use super::*;
 
-/// `Ok` when `ok`, else a config error naming `field` (any model's config rules use it).
-pub(crate) fn rule(ok: bool, field: &str, msg: impl FnOnce() -> String) -> Result<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::config(field, msg()))
-    }
-}
+use crate::Error;
 
 impl K3Config {
     /// Validates a parsed root and derives the schedule.
@@ -34,7 +27,7 @@ impl K3Config {
 fn check_dimensions(t: &TextConfig) -> Result<()> {
     let la = &t.linear_attn_config;
     let n = t.num_hidden_layers;
-    rule(n > 0, "text_config.num_hidden_layers", || {
+    Error::rule(n > 0, "text_config.num_hidden_layers", || {
         "must be > 0".into()
     })?;
     for (f, v) in [
@@ -62,9 +55,9 @@ fn check_dimensions(t: &TextConfig) -> Result<()> {
             la.short_conv_kernel_size,
         ),
     ] {
-        rule(v > 0, f, || "must be > 0".into())?;
+        Error::rule(v > 0, f, || "must be > 0".into())?;
     }
-    rule(
+    Error::rule(
         t.num_experts_per_token <= t.num_experts,
         "text_config.num_experts_per_token",
         || {
@@ -74,7 +67,7 @@ fn check_dimensions(t: &TextConfig) -> Result<()> {
             )
         },
     )?;
-    rule(
+    Error::rule(
         t.first_k_dense_replace <= n,
         "text_config.first_k_dense_replace",
         || format!("{} exceeds num_hidden_layers {n}", t.first_k_dense_replace),
@@ -88,7 +81,7 @@ fn check_supported(root: &RootConfig) -> Result<()> {
     let la = &t.linear_attn_config;
     // Fields the forward pass does not implement other values of: fail closed rather than
     // compute a different function.
-    rule(
+    Error::rule(
         t.routed_scaling_factor == 1.0,
         "text_config.routed_scaling_factor",
         || {
@@ -98,30 +91,30 @@ fn check_supported(root: &RootConfig) -> Result<()> {
             )
         },
     )?;
-    rule(t.mla_use_nope, "text_config.mla_use_nope", || {
+    Error::rule(t.mla_use_nope, "text_config.mla_use_nope", || {
         "false is not supported: MLA here applies no rotary embedding (K3: true)".into()
     })?;
-    rule(
+    Error::rule(
         t.mla_use_output_gate,
         "text_config.mla_use_output_gate",
         || "false is not supported: MLA here always applies its output gate (K3: true)".into(),
     )?;
-    rule(
+    Error::rule(
         la.use_full_rank_gate,
         "text_config.linear_attn_config.use_full_rank_gate",
         || "false is not supported: KDA's g_proj is full rank here (K3: true)".into(),
     )?;
-    rule(
+    Error::rule(
         t.num_key_value_heads == t.num_attention_heads,
         "text_config.num_key_value_heads",
         || "must equal num_attention_heads (MLA has no grouped KV heads)".into(),
     )?;
-    rule(
+    Error::rule(
         !t.use_grouped_topk || t.num_expert_group == 1 || t.topk_group == t.num_expert_group,
         "text_config.num_expert_group",
         || "grouped top-k with more than one group is not supported".into(),
     )?;
-    rule(
+    Error::rule(
         t.moe_router_activation_func == "sigmoid",
         "text_config.moe_router_activation_func",
         || {
@@ -131,20 +124,20 @@ fn check_supported(root: &RootConfig) -> Result<()> {
             )
         },
     )?;
-    rule(t.hidden_act == "situ", "text_config.hidden_act", || {
+    Error::rule(t.hidden_act == "situ", "text_config.hidden_act", || {
         format!("`{}` unsupported; only `situ`", t.hidden_act)
     })?;
-    rule(
+    Error::rule(
         t.rms_norm_eps > 0.0 && t.rms_norm_eps.is_finite(),
         "text_config.rms_norm_eps",
         || "must be a positive finite number".into(),
     )?;
-    rule(
+    Error::rule(
         la.gate_lower_bound < 0.0 && la.gate_lower_bound.is_finite(),
         "text_config.linear_attn_config.gate_lower_bound",
         || "must be a negative finite number".into(),
     )?;
-    rule(
+    Error::rule(
         !root.tie_word_embeddings && !t.tie_word_embeddings,
         "tie_word_embeddings",
         || "tied embeddings are not supported (K3 has a separate lm_head)".into(),
@@ -172,11 +165,11 @@ fn schedule(t: &TextConfig) -> Result<Vec<LayerKind>> {
         ),
     ] {
         for &one_based in list {
-            rule((1..=n).contains(&one_based), field, || {
+            Error::rule((1..=n).contains(&one_based), field, || {
                 format!("layer {one_based} is outside 1..={n} (the lists are one-based)")
             })?;
             let slot = &mut attn[one_based - 1];
-            rule(slot.is_none(), field, || {
+            Error::rule(slot.is_none(), field, || {
                 format!("layer {one_based} appears twice across kda_layers/full_attn_layers")
             })?;
             *slot = Some(kind);
@@ -217,7 +210,7 @@ fn quantization(root: &RootConfig) -> Result<usize> {
                 "missing: routed experts must be MXFP4 (compressed-tensors)",
             )
         })?;
-    rule(
+    Error::rule(
         q.format == "mxfp4-pack-quantized",
         "quantization_config.format",
         || format!("`{}` unsupported; only `mxfp4-pack-quantized`", q.format),
@@ -225,12 +218,12 @@ fn quantization(root: &RootConfig) -> Result<usize> {
     let mut group_size = None;
     for (name, g) in &q.config_groups {
         let field = format!("quantization_config.config_groups.{name}.weights");
-        rule(
+        Error::rule(
             g.weights.num_bits == 4 && g.weights.kind == "float",
             &field,
             || "MXFP4 needs num_bits 4 and type float".into(),
         )?;
-        rule(
+        Error::rule(
             g.weights.group_size == 32,
             &format!("{field}.group_size"),
             || format!("MXFP4 group size must be 32, got {}", g.weights.group_size),
@@ -249,7 +242,7 @@ fn quantization(root: &RootConfig) -> Result<usize> {
         ),
         ("text_config.moe_intermediate_size", t.moe_intermediate_size),
     ] {
-        rule(v % group_size == 0, f, || {
+        Error::rule(v % group_size == 0, f, || {
             format!("{v} must be a multiple of the MXFP4 group size {group_size}")
         })?;
     }
@@ -265,7 +258,7 @@ fn eos_token(root: &RootConfig) -> Result<u32> {
             "missing (needed as the generation stop token)",
         )
     })?;
-    rule(
+    Error::rule(
         (eos_token_id as usize) < t.vocab_size,
         "eos_token_id",
         || {

@@ -4,26 +4,25 @@
 //! and library users go through these instead of assembling stores, spines and states
 //! themselves. Owns no math: the model does the compute, the generator the decoding loop.
 
-mod load;
+pub mod batch;
 mod prefill;
+pub mod prompt_cache;
 mod session;
-mod store;
 
 use std::path::{Path, PathBuf};
 
 pub use prefill::Prefilled;
 pub use session::{ChatTurn, Session, SessionSnapshot};
-pub use store::expert_store;
 
 use std::sync::Arc;
 
 use crate::chat::{ChatFormat, ChatOptions};
 use crate::compute::device::DeviceChoice;
-use crate::memory::MemoryPlan;
+use crate::runtime::load::LoadOptions;
+use crate::runtime::memory::MemoryPlan;
 use crate::runtime::model::Model;
 use crate::tokenizer::Tokenizer;
 use crate::Result;
-pub use load::{activation_bytes, pass_row_bytes, plan_for, state_bytes, CacheRam, LoadOptions};
 
 /// How to open an engine.
 #[derive(Debug, Clone, Default)]
@@ -40,7 +39,7 @@ pub struct Engine {
     tok: Arc<Tokenizer>,
     root: PathBuf,
     /// The prompt cache, when attached (`enable_prompt_cache`).
-    cache: Option<crate::runtime::prompt_cache::PromptCache>,
+    cache: Option<crate::engine::prompt_cache::PromptCache>,
     /// The checkpoint's fingerprint, computed on first use (it keys saved state files).
     fingerprint: std::sync::OnceLock<String>,
 }
@@ -52,15 +51,21 @@ impl Engine {
     }
 
     /// `open`, showing the memory plan to `report` before anything large is read. The
-    /// model's family comes from its config.json (`models::open`).
+    /// model's family comes from its config.json's `model_type` (`models::family`).
     pub fn open_with(
         root: &Path,
         opts: &EngineOptions,
         report: impl FnOnce(&MemoryPlan),
     ) -> Result<Engine> {
         let device = crate::compute::device::select(opts.device)?;
-        let model = crate::models::open(root, &device, &opts.load, report)?;
-        let tok = Tokenizer::from_dir(root)?;
+        let family = crate::models::family(root)?;
+        let mut report = Some(report);
+        let model = family.open(root, &device, &opts.load, &mut |p| {
+            if let Some(r) = report.take() {
+                r(p)
+            }
+        })?;
+        let tok = family.tokenizer(root)?;
         Ok(Engine {
             model,
             tok: Arc::new(tok),

@@ -6,18 +6,18 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::observe::{Event, Observer};
 use crate::experts::ExpertProvider;
+use crate::runtime::observe::{Event, Observer};
 
 /// One layer of one forward pass.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct LayerTiming {
     /// Layer index.
     pub layer: usize,
-    /// `kda` or `mla`.
-    pub attn: crate::config::AttnKind,
-    /// `dense` or `moe`.
-    pub ffn: crate::config::FfnKind,
+    /// The attention's kind, as the model labels it (K3: `kda` or `mla`).
+    pub attn: &'static str,
+    /// The feed-forward's kind (`dense` or `moe`).
+    pub ffn: &'static str,
     /// Positions in the pass.
     pub tokens: usize,
     /// Waiting for the layer's spine data (0 for a pinned layer; the read-ahead's shortfall

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::generate::{Drafter, GenerateOptions, Generation};
+use crate::runtime::generate::{Drafter, GenerateOptions, Generation};
 use crate::Engine;
 use active::Active;
 

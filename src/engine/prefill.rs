@@ -7,9 +7,10 @@
 use std::sync::atomic::AtomicBool;
 
 use super::Engine;
-use crate::generate::{GenerateOptions, Generation, Generator, StopReason};
-use crate::runtime::model::{Forward, SeqState};
-use crate::runtime::prompt_cache::{cut_points, PromptCache, PromptCacheOptions};
+use crate::engine::prompt_cache::{cut_points, PromptCache, PromptCacheOptions};
+use crate::runtime::generate::{GenerateOptions, Generation, Generator, StopReason};
+use crate::runtime::model::Forward;
+use crate::runtime::state::SeqState;
 use crate::{Error, Result};
 
 /// A prompt prefilled: the state holding it and its last position's logits.

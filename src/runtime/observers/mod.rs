@@ -1,0 +1,12 @@
+//! Observers any model's passes can carry (`runtime::observe::Observer`): the router trace
+//! written as JSON lines (`trace`), the per-layer timing profile (`profile`) and the
+//! token-to-token expert reuse count (`reuse`). They read events only; no model math, no
+//! family's types.
+
+pub mod profile;
+pub mod reuse;
+pub mod trace;
+
+pub use profile::{LayerProfile, LayerTiming};
+pub use reuse::ExpertReuse;
+pub use trace::RouterTrace;
