@@ -1,16 +1,18 @@
-//! Kimi K3 on Candle: a streaming MoE runtime.
+//! A streaming Mixture-of-Experts runtime on Candle, built for Kimi K3 and open to any MoE
+//! family: the dense spine pinned or streamed layer by layer, the routed experts read as the
+//! router picks them (RAM tier, disk cache, shards, hub range requests), MXFP4 and BF16 kernels.
 //!
-//! The crate's map is `docs/ARCHITECTURE.md`; the model contract the code cites as "spec §N" is
-//! `docs/k3-spec.md`. Modules: `moe` (the model-agnostic MoE runtime: gating, the routed expert
-//! as a value, the executor), `config` (K3Config), `checkpoint`
-//! (safetensors headers, the tensor inventory, expert spans, fixture writers), `mxfp4` (MXFP4
-//! format and fused kernels), `model` (K3 as Candle modules), `spine` (dense weights: store,
-//! row-int8, pinned/streamed layers), `experts` (the tiered streaming expert store), `hub`
-//! (hf-hub range fetches and a mock hub), `tokenizer` and `chat` (K3's BPE and chat format),
-//! `runtime` (the engine and its sessions, the decoding loop, the memory plan; re-exported as
-//! `engine`, `generate` and `memory`), `kernels` (dense BF16/int8 Candle ops), `install` (setup from the hub), `server`
-//! (OpenAI-compatible HTTP), `train` (training a K3-architecture model with Candle's autograd and
-//! exporting it in K3's format), `eval` (the quality harness) and `assets` (the built-in K3-tiny).
+//! The crate's map is `docs/ARCHITECTURE.md`; using it as a library is `docs/library.md`; K3's
+//! contract, cited as "spec §N", is `docs/k3-spec.md`. Modules, top down: `engine` (the front
+//! door: `Engine`, `Session`, the batch scheduler, the prompt cache), `install` (setup from the
+//! hub), `server` (OpenAI-compatible HTTP, feature `server`), `eval` (the quality harness),
+//! `models` (one folder per family and their list, `models::FAMILIES`), `runtime` (the `Model`
+//! and `ModelFamily` contracts, the sequence state, observers, the decoding loop, the memory
+//! plan), `installed` (an install's manifest and expert store), `moe` (gating, the expert as a
+//! value, the executor), `compute` (the device seam), `spine` (dense weights), `experts` (the
+//! tiered expert store), `mxfp4` and `kernels` (fused kernels and their Candle ops),
+//! `checkpoint` (safetensors headers, the inventory, expert spans), `hub`, `chat`, `tokenizer`,
+//! `fsio`, `progress` and `assets` (the built-in K3-tiny).
 //!
 //! The front door is an [`Engine`] (one loaded model under the memory plan) and its
 //! [`Session`]s (one conversation each; a turn feeds only what is new). On K3-tiny, the

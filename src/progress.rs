@@ -140,7 +140,7 @@ pub enum ProgressMode {
 const LINE_EVERY: Duration = Duration::from_secs(5);
 
 /// Shows where a long prefill is (`Event::Prefill`): layer, pass, positions, bytes read, rate
-/// and ETA. Attach it to a model with `K3Model::observe`; it ignores every other event.
+/// and ETA. Attach it to a model with `Model::observe`; it ignores every other event.
 pub struct PrefillProgress {
     mode: ProgressMode,
     run: Mutex<Option<Run>>,

@@ -2,7 +2,7 @@
 //! prefix of the request, run the rest in segments cut at the request's message ends and every
 //! `every` tokens, save an entry at each cut and at the end (with its logits). The cuts depend
 //! on the request alone, so a resumed prefill runs the same passes as a fresh one and its
-//! logits are bit-identical. Without a cache it is one `K3Model::run`.
+//! logits are bit-identical. Without a cache it is one `Model::run`.
 
 use std::sync::atomic::AtomicBool;
 

@@ -1,17 +1,13 @@
 //! The quality harness behind `deltafin eval`: teacher-forced NLL over a text in windows, the
 //! comparison of two configurations of one model position by position, an add-k bigram baseline,
 //! and scoring against reference continuations (JSONL with reference top log-probabilities, the
-//! form ds4 gates releases on). Anything that yields logits for a window is a `Scorer`: the
-//! inference model (`K3Model`) or the trainer's fp32 network. This module reads logits only; it
+//! form ds4 gates releases on). Anything that yields logits for a window is a `Scorer`: any
+//! runtime `Model`, or a trainer's fp32 network (K3-tiny's implements it in its folder). This module reads logits only; it
 //! must not reach into a model's internals.
 
 pub mod bigram;
 pub mod reference;
 
-use candle::Tensor;
-
-use crate::models::k3::train::data::eval_windows;
-use crate::models::k3::K3Model;
 use crate::runtime::model::Model;
 use crate::Result;
 
@@ -40,17 +36,14 @@ impl Scorer for Box<dyn Model> {
     }
 }
 
-impl Scorer for K3Model {
-    fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-        (self as &dyn Model).window_logits(ids)
-    }
-}
-
-impl Scorer for crate::models::k3::train::Net {
-    fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let t = Tensor::from_vec(ids.to_vec(), (1, ids.len()), &self.device())?;
-        Ok(self.forward(&t)?.logits.detach().to_vec2()?)
-    }
+/// Evaluation windows: consecutive, each `len` inputs followed by their next tokens (the last
+/// shorter), every token after the first scored exactly once.
+pub fn eval_windows(tokens: &[u32], len: usize) -> Vec<&[u32]> {
+    let len = len.max(1);
+    (0..tokens.len().saturating_sub(1))
+        .step_by(len)
+        .map(|i| &tokens[i..(i + len + 1).min(tokens.len())])
+        .collect()
 }
 
 /// `log softmax(logits)[target]`, in f64.
@@ -235,6 +228,14 @@ pub fn known_word_share(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eval_windows_score_every_token_once() {
+        let t: Vec<u32> = (0..10).collect();
+        let w = eval_windows(&t, 4);
+        let scored: Vec<u32> = w.iter().flat_map(|w| w[1..].to_vec()).collect();
+        assert_eq!(scored, (1..10).collect::<Vec<u32>>());
+    }
 
     #[test]
     fn known_words_need_letters_only_and_the_list() {

@@ -42,7 +42,7 @@ pub enum Event<'a> {
     LayerDone(&'a Tensor),
     /// The pass is over (the tail runs next).
     PassEnd,
-    /// A prefill (`K3Model::forward_with` over more than one position) finished a layer.
+    /// A prefill (a `run` over more than one position) finished a layer.
     Prefill(PrefillStep),
     /// A verify pass (speculative decoding) kept its first `rows` positions; the others were
     /// rejected drafts and are no longer in the sequence.
@@ -143,7 +143,7 @@ impl Observer for Both<'_> {
 /// Routes chosen during a forward call: `(layer, position-in-call routes)`.
 pub type RouteTrace = Vec<(usize, Vec<Route>)>;
 
-/// Collects every MoE layer's routes (`K3Model::forward_traced`).
+/// Collects every MoE layer's routes.
 #[derive(Default)]
 pub struct RouteCollector(Mutex<RouteTrace>);
 

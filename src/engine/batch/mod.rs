@@ -1,5 +1,5 @@
 //! The batch scheduler: one thread that runs every active request through shared passes of
-//! the model (`K3Model::run_batch`), so the spine is read once per pass for all of them and
+//! the model (`Model::run_batch`), so the spine is read once per pass for all of them and
 //! each distinct selected expert once. Requests are admitted first come, first served, up to
 //! `max_batch` at once, and wait in a bounded queue beyond that (`submit` refuses past it).
 //! A new request's prompt is fed in pieces of at most `prefill_tokens` per pass beside the

@@ -115,3 +115,16 @@ impl Model for K3Model {
         })
     }
 }
+
+impl crate::eval::Scorer for K3Model {
+    fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        (self as &dyn Model).window_logits(ids)
+    }
+}
+
+impl crate::eval::Scorer for super::train::Net {
+    fn window_logits(&self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let t = candle::Tensor::from_vec(ids.to_vec(), (1, ids.len()), &self.device())?;
+        Ok(self.forward(&t)?.logits.detach().to_vec2()?)
+    }
+}

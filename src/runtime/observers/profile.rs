@@ -1,6 +1,6 @@
 //! Per-layer phase timings of each forward pass (`deltafin run --layer-profile`, `bench
 //! forward`): where a token's time goes, layer by layer. An `Observer`: off unless attached to the
-//! model (`K3Model::observe`). It synchronises the device at each phase end, so GPU time is
+//! model (`Model::observe`). It synchronises the device at each phase end, so GPU time is
 //! timed as work, not submission, and reads the expert store's wait counter around the FFN.
 
 use std::sync::{Arc, Mutex};
@@ -49,7 +49,7 @@ struct Clock {
 }
 
 impl LayerProfile {
-    /// An empty profile reading expert waits from `experts` (`K3Model::experts`).
+    /// An empty profile reading expert waits from `experts` (`Model::experts`).
     pub fn new(experts: Arc<dyn ExpertProvider>) -> Self {
         LayerProfile {
             experts,

@@ -1,5 +1,5 @@
 //! The router trace: one JSON line per token with the experts every MoE layer selected
-//! (`router_trace.jsonl`). An `Observer`: off unless attached (`K3Model::observe`); it collects a
+//! (`router_trace.jsonl`). An `Observer`: off unless attached (`Model::observe`); it collects a
 //! pass's routes and writes them when the pass ends.
 
 use std::fs::File;

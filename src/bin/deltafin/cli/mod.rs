@@ -12,6 +12,7 @@ pub mod prompt_cache;
 mod render;
 mod reply;
 pub mod run;
+mod run_report;
 mod serve;
 pub mod store;
 pub mod train;
@@ -21,7 +22,6 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use deltafin::checkpoint::Inventory;
-use deltafin::models::k3::config::K3Config;
 
 /// Kimi K3 on one machine: streamed MXFP4 experts on Candle.
 #[derive(Debug, Parser)]
@@ -238,9 +238,13 @@ fn convert(
     root: &std::path::Path,
     format: deltafin::spine::convert::SpineFormat,
 ) -> anyhow::Result<()> {
-    let cfg = K3Config::from_file(&root.join("config.json"))?;
     let inv = Inventory::from_dir(root)?;
-    let bar = indicatif::ProgressBar::new((cfg.num_layers() + 2) as u64);
+    // Decoder layers: one entry per layer in the family's expert index.
+    let n = deltafin::models::family(root)?
+        .expert_index(root, &inv)?
+        .spans
+        .len();
+    let bar = indicatif::ProgressBar::new((n + 2) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "converting spine [{bar:30}] {pos}/{len} files, eta {eta}",
@@ -249,7 +253,6 @@ fn convert(
         .progress_chars("=> "),
     );
     use deltafin::spine::convert::{convert_spine, convert_spine_from, store_dir, SpineFormat};
-    let n = cfg.num_layers();
     let local_shards = inv.shards.iter().all(|s| root.join(&s.file).is_file());
     let bf16 = store_dir(root, SpineFormat::Bf16);
     let fp = deltafin::checkpoint::Source::of(&inv).fingerprint();

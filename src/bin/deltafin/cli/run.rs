@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use deltafin::chat::{encode_marked, ChatOptions, Delta, Message};
+use deltafin::chat::{encode_marked, ChatOptions, Message};
 use deltafin::progress::{PrefillProgress, ProgressMode};
 use deltafin::runtime::generate::argmax;
 use deltafin::runtime::observers::{ExpertReuse, LayerProfile, RouterTrace};
-use deltafin::tokenizer::StreamDecoder;
 use deltafin::{Engine, GenerateOptions, Generation, Model};
 
 use super::prompt_cache::{load_engine_cached, PromptCacheArgs};
+use super::run_report::{Done, Printer};
 pub use super::store::{load_engine, StoreArgs};
 
 /// Arguments of `run`.
@@ -253,24 +253,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     )?;
     // The token observers: --stats, the event stream and the layer profile's lines.
     let mut report = super::events::TokenReport::new(model, events, a.stats, watch.profile.clone());
-    let mut dec = StreamDecoder::new();
-    let mut split = engine
-        .chat_format()
-        .splitter(engine.tokenizer_arc(), chat.thinking, false)?;
-    let dim = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let show = |deltas: Vec<Delta>| {
-        for d in deltas {
-            match d {
-                Delta::Reasoning(t) if dim => eprint!("\x1b[2m{t}\x1b[0m"),
-                Delta::Reasoning(t) => eprint!("{t}"),
-                Delta::ToolCall(c) => println!("\n[tool call] {}({})", c.name, c.arguments),
-                Delta::Content(t) => {
-                    print!("{t}");
-                    let _ = std::io::Write::flush(&mut std::io::stdout());
-                }
-            }
-        }
-    };
+    let mut printer = Printer::new(&engine, a, chat.thinking)?;
     // Expert reads from the first token on (the prefill's are not the decode's).
     let mut after_prefill = None;
     let (read0, mut prefill_read) = (model.bytes_read(), None);
@@ -284,43 +267,13 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
             after_prefill.get_or_insert_with(|| model.expert_stats().unwrap_or_default());
             prefill_read.get_or_insert_with(|| model.bytes_read() - read0);
             report.token(model, id, tok.map(|t| t.decode(&[id])));
-            if !a.json {
-                match &tok {
-                    Some(t) if a.chat => show(split.push_id(t, &mut dec, id)),
-                    Some(t) => show(vec![Delta::Content(dec.push(t, id))]),
-                    None if !report.prints() => eprint!("{id} "),
-                    None => {}
-                }
-            }
+            printer.token(id, report.prints());
         },
     )?;
     if let Some(rt) = &watch.router_trace {
         rt.flush()?;
     }
     let spec = spec_report(model, &gen, &a.spec, after_prefill.unwrap_or_default());
-    let mut events = report.finish()?;
-    let decode_steps = gen.generated_ids.len().saturating_sub(1).max(1);
-    events.emit(
-        "end",
-        serde_json::json!({
-            "generated": gen.generated_ids.len(),
-            "stop": gen.stop,
-            "prefill_ms": gen.prefill_ms,
-            "decode_ms_per_token": gen.decode_ms / decode_steps as f64,
-            "experts": model.expert_stats(),
-            "speculation": spec,
-            "memory": super::store::memory_report(model),
-            "prompt_cache": engine.prompt_cache().map(|c| c.stats()),
-        }),
-    )?;
-    if !a.json && tok.is_some() {
-        if a.chat {
-            show(split.finish(&mut dec));
-        } else {
-            show(vec![Delta::Content(dec.finish())]);
-        }
-        println!();
-    }
     let done = Done {
         gen: &gen,
         prompt_ids: &prompt_ids,
@@ -328,6 +281,8 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         spec,
         with_text: tok.is_some(),
     };
+    done.emit_end(report.finish()?, &engine)?;
+    printer.finish();
     match a.json {
         true => done.print_json(&engine, a.chat, &chat),
         false => done.print_text(&engine, a, tok.is_none()),
@@ -335,110 +290,6 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
     if a.stats {
         done.print_stats(model, watch.reuse.as_deref());
     }
-    let (_, peak) = deltafin::runtime::memory::rss();
-    eprintln!(
-        "peak RSS {:.2} GB{}",
-        peak as f64 / 1e9,
-        match model.plan() {
-            Some(p) => format!(" (memory plan total {:.2} GB)", p.total as f64 / 1e9),
-            None => String::new(),
-        }
-    );
+    super::run_report::print_peak(model);
     Ok(())
-}
-
-/// A finished run, for its reports.
-struct Done<'a> {
-    gen: &'a Generation,
-    prompt_ids: &'a [u32],
-    prefill_read: Option<u64>,
-    spec: serde_json::Value,
-    /// The prompt was text (so the reply is decoded too).
-    with_text: bool,
-}
-
-impl Done<'_> {
-    /// The `--json` document.
-    fn print_json(&self, engine: &Engine, chat: bool, opts: &ChatOptions) {
-        let (gen, model) = (self.gen, engine.model());
-        let text = self
-            .with_text
-            .then(|| engine.tokenizer().decode(&gen.generated_ids));
-        let reply = (self.with_text && chat)
-            .then(|| super::reply::reply_text(engine, &gen.generated_ids, chat, opts));
-        let v = serde_json::json!({
-            "text": text,
-            "reply": reply,
-            "prompt_ids": gen.prompt_ids,
-            "generated_ids": gen.generated_ids,
-            "first_step_top": gen.first_step_top.iter().map(|(i, l)| serde_json::json!([i, l])).collect::<Vec<_>>(),
-            "stop": gen.stop,
-            "prefill": {"tokens": self.prompt_ids.len(), "cached": gen.cached, "ms": gen.prefill_ms,
-                "passes": self.prompt_ids.len().div_ceil(model.pass_len().max(1)),
-                "bytes_read": self.prefill_read},
-            "decode_ms_per_token": gen.decode_ms / gen.generated_ids.len().saturating_sub(1).max(1) as f64,
-            "speculation": self.spec,
-            "memory": super::store::memory_report(model),
-            "prompt_cache": engine.prompt_cache().map(|c| c.stats()),
-        });
-        println!("{v}");
-    }
-
-    /// The closing lines on a terminal: the ids (without a tokenizer's text), the timings and
-    /// the prompt cache.
-    fn print_text(&self, engine: &Engine, a: &RunArgs, ids_only: bool) {
-        let gen = self.gen;
-        if ids_only {
-            eprintln!();
-            let ids: Vec<String> = gen.generated_ids.iter().map(|i| i.to_string()).collect();
-            println!("{}", ids.join(","));
-        }
-        let steps = gen.generated_ids.len().saturating_sub(1).max(1);
-        let secs = gen.decode_ms / 1e3;
-        eprintln!(
-            "[{} tokens, stop: {:?}; prefill {:.1} ms for {} tokens; decode {:.2} ms/token, {:.2} tok/s]",
-            gen.generated_ids.len(),
-            gen.stop,
-            gen.prefill_ms,
-            self.prompt_ids.len(),
-            gen.decode_ms / steps as f64,
-            if secs > 0.0 { steps as f64 / secs } else { 0.0 }
-        );
-        if let (true, Some(c)) = (a.stats, engine.prompt_cache()) {
-            let s = c.stats();
-            eprintln!(
-                "prompt cache: {} of {} prompt tokens from an entry; {} hits ({} from disk) in {} lookups; {:.1} MB in RAM ({} entries), {:.1} MB on disk ({} files)",
-                gen.cached,
-                self.prompt_ids.len(),
-                s.hits,
-                s.disk_hits,
-                s.lookups,
-                s.ram_bytes as f64 / 1e6,
-                s.ram_entries,
-                s.disk_bytes as f64 / 1e6,
-                s.disk_entries
-            );
-        }
-    }
-
-    /// `--stats`: the expert store's totals, speculation and expert reuse.
-    fn print_stats(&self, model: &dyn Model, reuse: Option<&ExpertReuse>) {
-        if let Some(s) = model.expert_stats() {
-            eprintln!("total: {}", serde_json::to_string(&s).unwrap_or_default());
-        }
-        eprintln!("speculation: {}", self.spec);
-        if let (Some(r), Some((top_k, experts))) = (reuse, model.routing()) {
-            let layers: Vec<String> = r
-                .per_layer()
-                .iter()
-                .map(|(l, s, _)| format!("L{l} {:.1}%", 100.0 * s))
-                .collect();
-            eprintln!(
-                "expert reuse (share of a token's experts the previous token also used): {:.1}% overall (random routing: {:.1}%); {}",
-                100.0 * r.overall(),
-                100.0 * top_k as f64 / experts as f64,
-                layers.join(", ")
-            );
-        }
-    }
 }

@@ -128,27 +128,9 @@ pub fn batch_windows(
         .collect()
 }
 
-/// Evaluation windows: consecutive, each `len` inputs followed by their next tokens (the last
-/// shorter), every token after the first scored exactly once.
-pub fn eval_windows(tokens: &[u32], len: usize) -> Vec<&[u32]> {
-    let len = len.max(1);
-    (0..tokens.len().saturating_sub(1))
-        .step_by(len)
-        .map(|i| &tokens[i..(i + len + 1).min(tokens.len())])
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn eval_windows_score_every_token_once() {
-        let t: Vec<u32> = (0..10).collect();
-        let w = eval_windows(&t, 4);
-        let scored: Vec<u32> = w.iter().flat_map(|w| w[1..].to_vec()).collect();
-        assert_eq!(scored, (1..10).collect::<Vec<u32>>());
-    }
 
     #[test]
     fn sentences_split_on_end_marks() {

@@ -12,8 +12,9 @@ use candle::{DType, Device, Tensor};
 use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
 use safetensors::tensor::TensorView;
 
-use super::data::{batch_windows, eval_windows, stream};
+use super::data::{batch_windows, stream};
 use super::{config_json, Dims, Net};
+use crate::eval::eval_windows;
 use crate::fsio::atomic::write_atomic;
 use crate::models::k3::config::K3Config;
 use crate::tokenizer::Tokenizer;
