@@ -81,8 +81,8 @@ impl Layer {
         })
     }
 
-    /// `(attention, feed-forward)` kinds, for reports.
-    pub fn kinds(&self) -> (AttnKind, FfnKind) {
+    /// `(attention, feed-forward)` kinds' labels (`kda`/`mla`, `dense`/`moe`), for reports.
+    pub fn kinds(&self) -> (&'static str, &'static str) {
         let a = match self.attn {
             Attn::Kda(_) => AttnKind::Kda,
             Attn::Mla(_) => AttnKind::Mla,
@@ -91,7 +91,7 @@ impl Layer {
             Ffn::Dense(_) => FfnKind::Dense,
             Ffn::Moe(_) => FfnKind::Moe,
         };
-        (a, f)
+        (a.label(), f.label())
     }
 
     /// A fresh attention state for this layer with room for `context` positions.

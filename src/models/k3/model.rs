@@ -410,13 +410,7 @@ impl K3Model {
             }
             let ld = pass.layer(l)?;
             let (attn, ffn) = layer.kinds();
-            obs.on(
-                l,
-                &Event::LayerReady {
-                    attn: attn.label(),
-                    ffn: ffn.label(),
-                },
-            );
+            obs.on(l, &Event::LayerReady { attn, ffn });
             let mut sl: Vec<SeqLayer> = seqs
                 .iter_mut()
                 .map(|s| SeqLayer {
