@@ -67,6 +67,22 @@ for spec in "0 3" "7 1"; do
         --model "$work/gpt-oss-$1" --name "gpt-oss-tiny (seed $1, $2 shard files)" --seed "$1" \
         --prompt-len 24 --generate 8 --json "$work/gpt-oss-$1.json" || status=1
 done
+# Qwen3-MoE (issue 43) against transformers' Qwen3MoeForCausalLM (CPU torch, fp32): three
+# seeds, shapes and shard splits (an expert straddling two files; dense MLP layers from
+# `decoder_sparse_step`/`mlp_only_layers`; tied embeddings without renormalised top-k weights),
+# every position's logits, routes and a greedy continuation, and two negative controls
+# (`norm_topk_prob` flipped, another rotary base) that must fail.
+for spec in "0 3 --shape=tiny" "1 5 --hidden=128 --heads=8 --head-dim=32 --experts=32 --top-k=8 --moe-inter=64 --no-norm-topk --tied" \
+    "2 1 --sparse-step=2 --mlp-only=2"; do
+    set -- $spec
+    seed=$1 shards=$2
+    shift 2
+    rm -rf "$work/qwen3-moe-$seed"
+    "$bin" fixture qwen3-moe "$work/qwen3-moe-$seed" --seed "$seed" --shards "$shards" "$@"
+    "$tvenv/bin/python" "$repo/scripts/qwen3_moe_reference.py" --deltafin "$bin" \
+        --model "$work/qwen3-moe-$seed" --name "Qwen3-MoE (seed $seed, $shards shard files $*)" \
+        --seed "$seed" --prompt-len 40 --generate 8 --json "$work/qwen3-moe-$seed.json" || status=1
+done
 # Harmony prompts (gpt-oss) against OpenAI's renderer, openai-harmony, token for token with the
 # real o200k_harmony vocabulary: o200k_base's ranks come from the npm package `tiktoken` (the
 # script accepts them only with the SHA-256 openai-harmony checks); transformers' converter
@@ -80,4 +96,4 @@ if [[ $status -ne 0 ]]; then
     echo "reference check: FAILED" >&2
     exit 1
 fi
-echo "reference check: 7 passed, 0 failed"
+echo "reference check: 10 passed, 0 failed"

@@ -422,6 +422,7 @@ pub fn segments_text(segs: &[Segment]) -> String {
         .collect()
 }
 
+pub mod chatml;
 mod force;
 pub mod format;
 pub mod harmony;

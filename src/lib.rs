@@ -58,6 +58,7 @@ pub mod hub;
 pub mod install;
 pub mod installed;
 pub mod kernels;
+pub mod layers;
 pub mod models;
 pub mod moe;
 pub mod mxfp4;

@@ -175,6 +175,12 @@ impl Tokenizer {
         self.tokens.len() as u32
     }
 
+    /// Ids in use: the ranks and the specials after them (the highest id + 1).
+    pub fn num_ids(&self) -> u32 {
+        let top = self.special_by_id.keys().max().map_or(0, |&i| i + 1);
+        top.max(self.tokens.len() as u32)
+    }
+
     /// The id of a special token's text.
     pub fn special_id(&self, s: &str) -> Option<u32> {
         self.specials.iter().find(|(t, _)| t == s).map(|(_, i)| *i)

@@ -202,10 +202,10 @@ fn tokenizer_and_harmony_turn_text_into_ids() {
 
 #[test]
 fn the_memory_plan_sizes_the_model_and_refuses_what_does_not_fit() {
-    use deltafin::models::gpt_oss::GptOssOptions;
+    use deltafin::runtime::load::LoadOptions;
     let d = tiny(2, 2);
     let mut shown = None;
-    let m = GptOssModel::open_planned(d.path(), &GptOssOptions::default(), |p| {
+    let m = GptOssModel::open_planned(d.path(), &LoadOptions::default(), |p| {
         shown = Some(p.clone())
     })
     .unwrap();
@@ -219,7 +219,7 @@ fn the_memory_plan_sizes_the_model_and_refuses_what_does_not_fit() {
     assert_eq!(m.context_limit(), plan.context);
     assert!(plan.context <= m.config().max_position_embeddings);
     // A limit below the fixed costs is refused, naming the flag to change.
-    let small = GptOssOptions {
+    let small = LoadOptions {
         memory_limit: Some(1 << 20),
         ..Default::default()
     };

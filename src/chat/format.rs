@@ -1,11 +1,12 @@
-//! The chat formats a model may speak (`ChatFormat`: K3's XTML, gpt-oss's harmony) behind one
+//! The chat formats a model may speak (`ChatFormat`: K3's XTML, gpt-oss's harmony, ChatML) behind one
 //! face for the session and the server: a conversation to token ids with its cut points, the
 //! ids that close a reply cut short and open the next turn, and a reply splitter that turns
 //! generated ids into reasoning, content and tool-call deltas. Owns the dispatch between the
-//! formats; the formats themselves live in `chat.rs` (XTML) and `harmony.rs`.
+//! formats; the formats themselves live in `chat.rs` (XTML), `harmony.rs` and `chatml.rs`.
 
 use std::sync::Arc;
 
+use super::chatml::{self, ChatMlReply};
 use super::harmony::{self, Channel, HarmonyIds, HarmonyOptions, HarmonySplitter, Reasoning};
 use super::{
     close_turn, encode_segments, render_continuation, render_marked, ChatOptions, ChatSplitter,
@@ -21,6 +22,8 @@ pub enum ChatFormat {
     Xtml,
     /// OpenAI's harmony (gpt-oss).
     Harmony,
+    /// ChatML with Qwen3's think block (Qwen3-MoE).
+    ChatMl,
 }
 
 impl ChatFormat {
@@ -43,6 +46,7 @@ impl ChatFormat {
                 }
                 harmony::render_marked(messages, &harmony_options(opts))
             }
+            ChatFormat::ChatMl => chatml::render_marked(messages, opts),
         }
     }
 
@@ -55,7 +59,7 @@ impl ChatFormat {
             (None, Some(d)) if !d.is_empty() => Effort::parse(d)?,
             _ => match self {
                 ChatFormat::Xtml => Effort::Max,
-                ChatFormat::Harmony => Effort::Medium,
+                ChatFormat::Harmony | ChatFormat::ChatMl => Effort::Medium,
             },
         };
         if self == ChatFormat::Xtml && e == Effort::Medium {
@@ -65,7 +69,7 @@ impl ChatFormat {
     }
 
     /// Whether a session may feed only a new turn after a reply (`continuation`). Harmony's
-    /// template drops earlier turns' reasoning, so the held state never matches a re-rendering:
+    /// and ChatML's templates drop earlier turns' reasoning, so the held state never matches a re-rendering:
     /// each turn renders the whole history instead.
     pub fn continues(self) -> bool {
         self == ChatFormat::Xtml
@@ -101,6 +105,7 @@ impl ChatFormat {
         match self {
             ChatFormat::Xtml => Vec::new(),
             ChatFormat::Harmony => harmony_ids(tok).map_or(Vec::new(), |h| vec![h.ret, h.call]),
+            ChatFormat::ChatMl => chatml::end_ids(tok),
         }
     }
 
@@ -125,6 +130,7 @@ impl ChatFormat {
                     call_body: Vec::new(),
                 }))
             }
+            ChatFormat::ChatMl => ReplySplitter::ChatMl(Box::new(ChatMlReply::new(tok))),
         })
     }
 }
@@ -190,6 +196,8 @@ pub enum ReplySplitter {
     Xtml(ChatSplitter),
     /// Harmony's channels: analysis is reasoning, final is content, other channels are dropped.
     Harmony(Box<HarmonyReply>),
+    /// ChatML's think block is reasoning, the rest content.
+    ChatMl(Box<ChatMlReply>),
 }
 
 impl ReplySplitter {
@@ -227,6 +235,7 @@ impl ReplySplitter {
                 );
                 out
             }
+            ReplySplitter::ChatMl(c) => c.push_id(tok, id),
         }
     }
 
@@ -239,6 +248,7 @@ impl ReplySplitter {
                 rest
             }
             ReplySplitter::Harmony(h) => h.flush(),
+            ReplySplitter::ChatMl(c) => c.flush(),
         }
     }
 
@@ -251,6 +261,7 @@ impl ReplySplitter {
                 Some(Channel::Analysis) => Phase::Reasoning,
                 _ => Phase::Content,
             },
+            ReplySplitter::ChatMl(c) => c.phase(),
         }
     }
 
@@ -259,6 +270,7 @@ impl ReplySplitter {
         match self {
             ReplySplitter::Xtml(s) => s.done(),
             ReplySplitter::Harmony(h) => h.split.done(),
+            ReplySplitter::ChatMl(c) => c.phase() == Phase::Done,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Routed-expert spans: where each expert's parts lie in the shards, and whether one read gets
 //! them all. Knows no model: the layout (shapes, dtypes, order) and the tensor names come from
-//! the caller, one tensor per expert (`derive`, K3) or each layer's experts stacked
+//! the caller, one tensor per expert (`derive`, K3, Qwen3-MoE; an expert may straddle two shards) or each layer's experts stacked
 //! (`derive_stacked`, gpt-oss).
 
 use super::header::Dtype;
@@ -81,16 +81,31 @@ impl ExpertLayout {
 /// Where one expert's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertSpan {
-    /// Shard index.
+    /// Shard index (of every part, unless `part_shards` says otherwise).
     pub shard: usize,
     /// Absolute `(start, len)` of each part in canonical order.
     pub parts: Vec<(u64, u64)>,
+    /// The shard of each part when they are not all in `shard` (empty otherwise): a checkpoint
+    /// with one tensor per expert and part is cut into shards at tensor boundaries, so a shard
+    /// boundary may fall inside an expert (Qwen3-MoE's hub files).
+    pub part_shards: Vec<usize>,
 }
 
 impl ExpertSpan {
-    /// True when the parts follow each other with no gap, so one read gets the whole expert.
+    /// True when the parts follow each other with no gap in one shard, so one read gets the
+    /// whole expert.
     pub fn is_contiguous(&self) -> bool {
-        self.parts.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
+        !self.is_split() && self.parts.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
+    }
+
+    /// True when the parts lie in more than one shard.
+    pub fn is_split(&self) -> bool {
+        self.part_shards.iter().any(|&s| s != self.shard)
+    }
+
+    /// The shard part `p` lies in.
+    pub fn part_shard(&self, p: usize) -> usize {
+        self.part_shards.get(p).copied().unwrap_or(self.shard)
     }
 
     /// Absolute start of the first part.
@@ -134,16 +149,21 @@ impl ExpertIndex {
             let mut layer = Vec::with_capacity(num_experts);
             for e in 0..num_experts {
                 let mut parts = Vec::with_capacity(layout.part_shapes.len());
-                let mut shard = None;
+                let mut shards = Vec::with_capacity(layout.part_shapes.len());
                 for p in 0..layout.part_shapes.len() {
                     let n = name(l, e, p);
                     let t = part_tensor(inv, &layout, &n, p, None, (l, e))?;
-                    check_one_shard(inv, &mut shard, t.shard, (l, e))?;
+                    shards.push(t.shard);
                     parts.push((t.start, t.len()));
                 }
+                let shard = shards.first().copied().unwrap_or(0);
+                if shards.iter().all(|&s| s == shard) {
+                    shards.clear();
+                }
                 layer.push(ExpertSpan {
-                    shard: shard.unwrap_or(0),
+                    shard,
                     parts,
+                    part_shards: shards,
                 });
             }
             spans[l] = layer;
@@ -167,21 +187,26 @@ impl ExpertIndex {
         let mut spans = vec![Vec::new(); num_layers];
         for &l in moe_layers {
             let mut starts = Vec::with_capacity(sizes.len());
-            let mut shard = None;
+            let mut shards = Vec::with_capacity(sizes.len());
             for p in 0..sizes.len() {
                 let n = name(l, p);
                 let t = part_tensor(inv, &layout, &n, p, Some(num_experts), (l, 0))?;
-                check_one_shard(inv, &mut shard, t.shard, (l, 0))?;
+                shards.push(t.shard);
                 starts.push(t.start);
+            }
+            let shard = shards.first().copied().unwrap_or(0);
+            if shards.iter().all(|&s| s == shard) {
+                shards.clear();
             }
             spans[l] = (0..num_experts as u64)
                 .map(|e| ExpertSpan {
-                    shard: shard.unwrap_or(0),
+                    shard,
                     parts: starts
                         .iter()
                         .zip(&sizes)
                         .map(|(&s, &n)| (s + e * n, n))
                         .collect(),
+                    part_shards: shards.clone(),
                 })
                 .collect();
         }
@@ -250,20 +275,4 @@ fn join(s: &[usize]) -> String {
         .map(|d| d.to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Every part of one expert must lie in one shard (one file to read from).
-fn check_one_shard(
-    inv: &Inventory,
-    shard: &mut Option<usize>,
-    this: usize,
-    (l, e): (usize, usize),
-) -> Result<()> {
-    if *shard.get_or_insert(this) != this {
-        return Err(Error::Checkpoint {
-            dir: inv.dir.clone(),
-            msg: format!("expert {e} of layer {l} is split across shards"),
-        });
-    }
-    Ok(())
 }

@@ -5,6 +5,7 @@
 mod dense_names;
 pub mod experts;
 pub mod files;
+pub mod fixture_writer;
 pub mod header;
 pub mod inventory;
 pub mod names;

@@ -31,6 +31,7 @@ fn direct_span_reads_match_buffered_reads() {
         let span = ExpertSpan {
             shard: 0,
             parts: vec![(start, n)],
+            part_shards: Vec::new(),
         };
         let mut want = vec![0u8; n as usize];
         read_span_into(&files, &span, &mut want, CacheAdvice::Off).unwrap();
@@ -47,6 +48,7 @@ fn direct_span_reads_match_buffered_reads() {
     let gap = ExpertSpan {
         shard: 0,
         parts: vec![(data_at, 10), (data_at + 20, 10)],
+        part_shards: Vec::new(),
     };
     assert!(read_span_direct(&files, &gap, &pool).unwrap().is_none());
 }

@@ -95,16 +95,14 @@ impl ShardExperts {
     }
 }
 
-/// Reads an expert's canonical span from its shard into `buf` (`span.len()` bytes): one
-/// positioned read when the six parts are contiguous, one per part otherwise.
+/// Reads an expert's canonical span from its shard(s) into `buf` (`span.len()` bytes): one
+/// positioned read when the parts are contiguous, one per part otherwise.
 pub fn read_span_into(
     files: &ShardFiles,
     span: &ExpertSpan,
     buf: &mut [u8],
     advice: CacheAdvice,
 ) -> Result<()> {
-    let f = files.get(span.shard)?;
-    disk::no_cache_on_open(&f, advice);
     let contiguous = [(span.start(), span.len())];
     let parts: &[(u64, u64)] = if span.is_contiguous() {
         &contiguous
@@ -112,9 +110,13 @@ pub fn read_span_into(
         &span.parts
     };
     let mut o = 0usize;
-    for &(start, n) in parts {
+    for (p, &(start, n)) in parts.iter().enumerate() {
+        // A contiguous span is one part of `span.shard`; a split one names each part's shard.
+        let shard = span.part_shard(p);
+        let f = files.get(shard)?;
+        disk::no_cache_on_open(&f, advice);
         f.read_exact_at(&mut buf[o..o + n as usize], start)
-            .map_err(|e| Error::io(files.inventory().shard_path(span.shard), e))?;
+            .map_err(|e| Error::io(files.inventory().shard_path(shard), e))?;
         disk::drop_from_page_cache(&f, start, n, advice);
         o += n as usize;
     }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use rayon::prelude::*;
 
 use super::tiered::Inner;
+use crate::checkpoint::Inventory;
 use crate::hub::HubRepo;
 use crate::{Error, Result};
 
@@ -54,7 +55,7 @@ impl Inner {
                 _ => groups.push(vec![p]),
             }
         }
-        let one = |g: &Vec<Piece>| self.fetch_group(layer, g, hub, &inv.shards[g[0].1].file, disk);
+        let one = |g: &Vec<Piece>| self.fetch_group(layer, g, hub, inv, disk);
         // One group (a prefetch's single expert) runs on the calling thread, so a prefetch never
         // occupies the demand readers' pool.
         let results: Vec<Result<Fetched>> = if groups.len() == 1 {
@@ -74,7 +75,7 @@ impl Inner {
         layer: usize,
         g: &[Piece],
         hub: &HubRepo,
-        file: &str,
+        inv: &Inventory,
         disk: &super::DiskCache,
     ) -> Result<Fetched> {
         // Hold every expert's in-flight lock (in id order), then look in the cache again: a
@@ -101,8 +102,8 @@ impl Inner {
         if cached.len() == g.len() {
             return Ok(cached);
         }
-        let fetch = |range: std::ops::Range<u64>, e: usize| {
-            hub.fetch_range(file, range)
+        let fetch = |shard: usize, range: std::ops::Range<u64>, e: usize| {
+            hub.fetch_range(&inv.shards[shard].file, range)
                 .map_err(|err| Error::Msg(format!("layer {layer}, expert {e}: {err}")))
         };
         let mut out = Vec::new();
@@ -115,15 +116,15 @@ impl Inner {
                 .span(layer, e)
                 .ok_or_else(|| Error::Msg(format!("layer {layer} has no routed expert {e}")))?;
             let mut b = Vec::with_capacity(span.len() as usize);
-            for &(start, n) in &span.parts {
-                b.extend(fetch(start..start + n, e)?);
+            for (p, &(start, n)) in span.parts.iter().enumerate() {
+                b.extend(fetch(span.part_shard(p), start..start + n, e)?);
                 requests += 1;
             }
             out.push((e, b));
         } else {
             let start = g[0].2;
             let end = g[g.len() - 1].2 + g[g.len() - 1].3;
-            let all = fetch(start..end, g[0].0)?;
+            let all = fetch(g[0].1, start..end, g[0].0)?;
             requests += 1;
             for &(e, _, s, n) in g {
                 let o = (s - start) as usize;

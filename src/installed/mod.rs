@@ -12,6 +12,7 @@ use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::experts::DiskCache;
 use crate::Result;
 
+pub mod dense;
 mod store;
 
 pub use store::expert_store;
@@ -96,7 +97,8 @@ pub fn adopt_source(cache: &DiskCache, inv: &Inventory, index: &ExpertIndex) -> 
             .flat_map(|(l, es)| {
                 es.iter()
                     .enumerate()
-                    .filter(move |(_, s)| s.shard == si)
+                    // An expert split across shards is not whole in any one of them.
+                    .filter(move |(_, s)| s.shard == si && !s.is_split())
                     .map(move |(e, _)| (l, e))
             })
             .collect()

@@ -10,9 +10,14 @@ use crate::Result;
 
 pub mod gpt_oss;
 pub mod k3;
+pub mod qwen3_moe;
 
 /// Every family this build runs.
-pub static FAMILIES: &[&'static dyn ModelFamily] = &[&k3::family::K3, &gpt_oss::family::GptOss];
+pub static FAMILIES: &[&'static dyn ModelFamily] = &[
+    &k3::family::K3,
+    &gpt_oss::family::GptOss,
+    &qwen3_moe::family::Qwen3Moe,
+];
 
 /// The family of the checkpoint in `root`, from its config.json's `model_type`; an error naming
 /// the value and the known families when none runs it.

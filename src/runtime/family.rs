@@ -112,3 +112,20 @@ pub fn read_model_type(root: &Path) -> Result<Option<String>> {
         .and_then(|t| t.as_str())
         .map(str::to_string))
 }
+
+/// config.json's `eos_token_id` (one id, a list of them, or absent), each checked against the
+/// vocabulary.
+pub fn eos_ids(value: Option<&serde_json::Value>, vocab: usize) -> Result<Vec<u32>> {
+    let bad = || Error::config("eos_token_id", "must be a token id or a list of them");
+    let id = |v: &serde_json::Value| {
+        v.as_u64()
+            .filter(|&i| (i as usize) < vocab)
+            .map(|i| i as u32)
+            .ok_or_else(bad)
+    };
+    match value {
+        None => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a.iter().map(id).collect(),
+        Some(v) => Ok(vec![id(v)?]),
+    }
+}

@@ -251,18 +251,7 @@ impl GptOssConfig {
 
     /// The ids that end a reply (`eos_token_id`, one or several).
     pub fn eos_ids(&self) -> Result<Vec<u32>> {
-        let bad = || Error::config("eos_token_id", "must be a token id or a list of them");
-        let id = |v: &serde_json::Value| {
-            v.as_u64()
-                .filter(|&i| (i as usize) < self.vocab_size)
-                .map(|i| i as u32)
-                .ok_or_else(bad)
-        };
-        match &self.eos_token_id {
-            None => Ok(Vec::new()),
-            Some(serde_json::Value::Array(a)) => a.iter().map(id).collect(),
-            Some(v) => Ok(vec![id(v)?]),
-        }
+        crate::runtime::family::eos_ids(self.eos_token_id.as_ref(), self.vocab_size)
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle::Device;
 
-use super::{names, plan, GptOssConfig, GptOssModel, GptOssOptions};
+use super::{names, plan, GptOssConfig, GptOssModel};
 use crate::chat::ChatFormat;
 use crate::checkpoint::{ExpertIndex, Inventory};
 use crate::runtime::family::ModelFamily;
@@ -65,7 +65,7 @@ impl ModelFamily for GptOss {
 
     fn plan(&self, root: &Path, _device: &Device, o: &LoadOptions) -> Result<MemoryPlan> {
         let inv = Inventory::from_dir(root)?;
-        plan::plan(&config(root)?, &inv, &GptOssOptions::from_load(o))
+        plan::plan(&config(root)?, &inv, o)
     }
 
     fn open(
@@ -80,8 +80,7 @@ impl ModelFamily for GptOss {
                 "gpt-oss runs on the CPU only so far (--device cpu)".into(),
             ));
         }
-        let g = GptOssOptions::from_load(o);
-        Ok(Box::new(GptOssModel::open_planned(root, &g, report)?))
+        Ok(Box::new(GptOssModel::open_planned(root, o, report)?))
     }
 
     fn tokenizer(&self, root: &Path) -> Result<Tokenizer> {
@@ -98,9 +97,12 @@ impl ModelFamily for GptOss {
     }
 
     fn install_dense(&self, root: &Path, inv: &Inventory, remote: &dyn TensorBytes) -> Result<()> {
-        let total = super::dense::dense_bytes(inv);
+        use crate::installed::dense::{dense_bytes, write_dense};
+        let total = dense_bytes(inv, names::is_expert);
         let bar = crate::progress::Bar::bytes(total, "dense tensors");
-        super::dense::write_dense(root, inv, remote, |d, _| bar.set_position(d))?;
+        write_dense(root, inv, remote, names::is_expert, |d, _| {
+            bar.set_position(d)
+        })?;
         bar.finish_and_clear();
         Ok(())
     }

@@ -6,14 +6,12 @@
 //! `_blocks` `[E, rows, cols/32, 16]` / `_scales` `[E, rows, cols/32]` with BF16 `_bias`.
 //! Files are written atomically. Owns no model math.
 
-use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::header::{build_header, DtypeExt};
-use crate::checkpoint::rng::Rng;
-use crate::fsio::atomic::{write_atomic, write_atomic_with};
+use crate::checkpoint::fixture_writer::{write_shards, Fill, Tensor};
+use crate::fsio::atomic::write_atomic;
 use crate::{Error, Result};
 
 use super::config::GptOssConfig;
@@ -167,58 +165,6 @@ impl GptOssShape {
     }
 }
 
-/// How a tensor's values are drawn.
-#[derive(Debug, Clone, Copy)]
-enum Fill {
-    /// BF16 normal × scale.
-    Normal(f32),
-    /// BF16 `1 + normal × scale` (norm weights).
-    AroundOne(f32),
-    /// Random E2M1 code bytes.
-    Codes,
-    /// E8M0 scales in `[lo, lo + span)`.
-    Scales(u8, u8),
-    /// A hole in a sparse file (reads as zeros, takes no disk).
-    Hole,
-    /// The first rows hold BF16 normal values, the rest is a hole.
-    LeadingRows(usize, f32),
-}
-
-struct Tensor {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    fill: Fill,
-}
-
-impl Tensor {
-    fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    fn bytes(&self, seed: u64) -> Vec<u8> {
-        // Each tensor its own stream, so the values do not depend on the shard split.
-        let mut rng = Rng::new(seed ^ crate::fsio::checksum(self.name.as_bytes()));
-        let n = self.numel();
-        let bf16 = |v: f32| half::bf16::from_f32(v).to_le_bytes();
-        match self.fill {
-            Fill::Normal(s) => (0..n).flat_map(|_| bf16(rng.normal() as f32 * s)).collect(),
-            Fill::AroundOne(s) => (0..n)
-                .flat_map(|_| bf16(1.0 + rng.normal() as f32 * s))
-                .collect(),
-            Fill::Codes => (0..n).map(|_| rng.next_u64() as u8).collect(),
-            Fill::Scales(lo, span) => (0..n).map(|_| lo + rng.below(span as u64) as u8).collect(),
-            Fill::Hole => Vec::new(),
-            Fill::LeadingRows(rows, s) => {
-                let row: usize = self.shape[1..].iter().product();
-                (0..rows.min(self.shape[0]) * row)
-                    .flat_map(|_| bf16(rng.normal() as f32 * s))
-                    .collect()
-            }
-        }
-    }
-}
-
 /// Whether a tensor of this name is stored as bytes (MXFP4 codes and scales).
 fn shape_is_u8(name: &str) -> bool {
     name.ends_with("_blocks") || name.ends_with("_scales")
@@ -326,69 +272,13 @@ fn write(
 ) -> Result<GptOssConfig> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let all = tensors(shape, sparse);
-    let total: usize = all
-        .iter()
-        .map(|t| t.numel() * t.dtype.bytes() as usize)
-        .sum();
-    let files = files.clamp(1, all.len());
-    // Split in order into `files` runs of about equal bytes. A boundary may fall inside a
-    // layer's dense tensors (as in the hub's gpt-oss-20b, whose layer 18 starts in one file and
-    // ends in the next) but never between a layer's six expert tensors: the expert store reads
-    // an expert from one file.
-    let mut runs: Vec<Vec<&Tensor>> = vec![Vec::new()];
-    let mut acc = 0usize;
-    for t in &all {
-        let b = t.numel() * t.dtype.bytes() as usize;
-        let inside_experts = t.name.contains(".mlp.experts.") && !t.name.ends_with(EXPERT_PARTS[0]);
-        if acc >= total * runs.len() / files && runs.len() < files && !inside_experts {
-            runs.push(Vec::new());
-        }
-        acc += b;
-        runs.last_mut().expect("one run at least").push(t);
-    }
-    runs.retain(|r| !r.is_empty());
-    let last = runs.len() - 1;
-    // One file is `model.safetensors` with no index, as the hub's single-file checkpoints are.
-    let name = |i: usize| match last {
-        0 => "model.safetensors".to_string(),
-        _ => format!("model-{i:05}-of-{last:05}.safetensors"),
-    };
-    let mut weight_map = serde_json::Map::new();
-    for (i, run) in runs.iter().enumerate() {
-        let path = dir.join(name(i));
-        let entries: Vec<_> = run
-            .iter()
-            .map(|t| (t.name.clone(), t.dtype, t.shape.clone()))
-            .collect();
-        let header = build_header(&entries)?;
-        let io = |e| Error::io(&path, e);
-        write_atomic_with(&path, |w| {
-            w.write_all(&header).map_err(io)?;
-            let mut end = header.len() as u64;
-            for t in run {
-                let b = t.bytes(seed);
-                w.write_all(&b).map_err(io)?;
-                let full = (t.numel() * t.dtype.bytes() as usize) as u64;
-                if (b.len() as u64) < full {
-                    w.seek(SeekFrom::Current((full - b.len() as u64) as i64))
-                        .map_err(io)?;
-                }
-                end += full;
-                weight_map.insert(t.name.clone(), name(i).into());
-            }
-            // A trailing hole only counts once the length covers it.
-            w.flush().map_err(io)?;
-            w.get_ref().set_len(end).map_err(io)
-        })?;
-    }
-    if last > 0 {
-        let index =
-            serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        write_atomic(
-            &dir.join("model.safetensors.index.json"),
-            index.to_string().as_bytes(),
-        )?;
-    }
+    // A boundary may fall inside a layer's dense tensors (as in the hub's gpt-oss-20b, whose
+    // layer 18 starts in one file and ends in the next) but never between a layer's six expert
+    // tensors, as the hub's files never split them.
+    let keep = |n: &str| n.contains(".mlp.experts.") && !n.ends_with(EXPERT_PARTS[0]);
+    // Named zero-based, as the hub names gpt-oss's (N + 1 files).
+    let name = |i: usize, last: usize| format!("model-{i:05}-of-{last:05}.safetensors");
+    write_shards(dir, &all, seed, files, &keep, &name)?;
     let config = shape.config();
     let text = serde_json::to_string_pretty(&config).map_err(|e| Error::Msg(e.to_string()))?;
     write_atomic(&dir.join("config.json"), text.as_bytes())?;

@@ -1,5 +1,5 @@
 //! gpt-oss (OpenAI's 20b and 120b MoE models) on the runtime: its config (`config.rs`), YaRN
-//! rotary (`rope.rs`), attention with sinks and sliding windows (`attention.rs`), tensor names
+//! rotary (`rope.rs`), attention with sinks and sliding windows (`layers::attention`), tensor names
 //! and expert network (`names.rs`), the model (`model.rs`; its layer loop over one or several
 //! sequences in `pass.rs`) and a fixture writer in the hub's
 //! exact format (`fixture.rs`). Shares no code with K3 beyond the runtime's public pieces
@@ -10,14 +10,15 @@
 //!
 //! ```
 //! use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
-//! use deltafin::models::gpt_oss::{GptOssModel, GptOssOptions};
+//! use deltafin::models::gpt_oss::GptOssModel;
+//! use deltafin::runtime::load::LoadOptions;
 //!
 //! # fn main() -> deltafin::Result<()> {
 //! let dir = tempfile::tempdir().map_err(|e| deltafin::Error::io("tempdir", e))?;
 //! write_gpt_oss(dir.path(), &GptOssShape::tiny(), 0, 3)?;
 //! // The memory plan sizes the expert RAM tier, prefetch and context; the experts stream
 //! // from the shards through the tiered store, the dense layers are mapped.
-//! let model = GptOssModel::open_planned(dir.path(), &GptOssOptions::default(), |plan| {
+//! let model = GptOssModel::open_planned(dir.path(), &LoadOptions::default(), |plan| {
 //!     println!("{plan}")
 //! })?;
 //! let mut state = model.new_state();
@@ -34,9 +35,7 @@
 //! ```
 
 mod as_model;
-pub mod attention;
 pub mod config;
-pub mod dense;
 pub mod family;
 pub mod fixture;
 mod fixture_tokenizer;
@@ -50,4 +49,3 @@ mod weights;
 
 pub use config::GptOssConfig;
 pub use model::GptOssModel;
-pub use plan::GptOssOptions;

@@ -9,31 +9,28 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use memmap2::Mmap;
-use rayon::prelude::*;
-use safetensors::Dtype;
-
 use crate::checkpoint::Inventory;
 use crate::experts::{ExpertProvider, TieredExperts, TieredOptions};
-use crate::kernels::dense::{gemm, DenseData, DenseMatrix};
+use crate::layers::mapped::{matrix, Mapped, Stored};
+use crate::layers::norm::rms_norm;
+use crate::layers::row_pass;
 use crate::moe::{ExecOptions, Gating, Route, RoutedExperts};
 use crate::runtime::memory::MemoryPlan;
-use crate::runtime::observe::{Event, Observer, Observers, PrefillStep};
-use crate::runtime::row_cache::RowCache;
-use crate::runtime::state::{LayerState, SeqState};
+use crate::runtime::observe::{Event, Observer, Observers};
+use crate::runtime::state::SeqState;
 use crate::{Error, Result};
 
 use super::config::GptOssConfig;
 use super::names;
-use super::pass::PassSeq;
-use super::plan::GptOssOptions;
-use super::rope::Rope;
-use super::weights::{load_layer, matrix, to_f32, vector, Layer, Linear, Stored};
+use super::plan::shape;
+use super::rope::{rope, Rope};
+use super::weights::{load_layer, Layer, Linear};
+use crate::runtime::load::LoadOptions;
 
 /// gpt-oss, loaded.
 pub struct GptOssModel {
     cfg: GptOssConfig,
-    maps: Vec<Mmap>,
+    maps: Mapped,
     layers: Vec<Layer>,
     embed: Stored,
     norm: Vec<f32>,
@@ -46,8 +43,6 @@ pub struct GptOssModel {
     /// Positions per prefill pass (bounds the activations a long prompt holds).
     pass: usize,
     plan: Option<MemoryPlan>,
-    /// Always the CPU (what `Model::device` hands out).
-    pub(super) device: candle::Device,
     observers: Observers,
 }
 
@@ -67,30 +62,16 @@ impl GptOssModel {
     /// the expert RAM tier, prefetch cap, context limit and prefill pass are the plan's.
     pub fn open_planned(
         root: &Path,
-        o: &GptOssOptions,
-        report: impl FnOnce(&MemoryPlan),
+        o: &LoadOptions,
+        mut report: impl FnMut(&MemoryPlan),
     ) -> Result<Self> {
         let cfg = GptOssConfig::from_file(&root.join("config.json"))?;
-        let inv = Inventory::from_dir(root)?;
-        let plan = super::plan::plan(&cfg, &inv, o)?;
-        report(&plan);
-        let index = names::expert_index(&inv, &cfg)?;
-        let inv = Arc::new(inv);
-        let opts = super::plan::store_options(&plan, o);
-        // Local shards (a full install), or the disk cache and the hub (a streaming one).
-        let store =
-            crate::installed::expert_store(root, inv.clone(), Arc::new(index), &opts, None)?;
-        let streaming = crate::installed::read_manifest(root)
-            .is_some_and(|m| m.mode == crate::installed::Mode::Stream);
-        let dense = match streaming {
-            // The shards are on the hub: the dense tensors come from the install's copy.
-            true => Arc::new(Inventory::from_dir(&super::dense::dense_dir(root))?),
-            false => inv,
-        };
-        let mut m = Self::with_experts(cfg, &dense, Arc::new(store))?;
-        m.context_limit = plan.context;
-        m.pass = plan.prefill_pass.max(1);
-        m.plan = Some(plan);
+        let index = names::expert_index(&Inventory::from_dir(root)?, &cfg)?;
+        let opened = crate::layers::plan::open(root, &shape(&cfg), index, o, &mut report)?;
+        let mut m = Self::with_experts(cfg, &opened.dense, opened.experts)?;
+        m.context_limit = opened.plan.context;
+        m.pass = opened.plan.prefill_pass.max(1);
+        m.plan = Some(opened.plan);
         Ok(m)
     }
 
@@ -105,23 +86,11 @@ impl GptOssModel {
         inv: &Inventory,
         experts: Arc<dyn ExpertProvider>,
     ) -> Result<Self> {
-        let maps = inv
-            .shards
-            .iter()
-            .enumerate()
-            .map(|(i, _)| {
-                let p = inv.shard_path(i);
-                let f = std::fs::File::open(&p).map_err(|e| Error::io(&p, e))?;
-                // SAFETY: the shard is opened read-only; the model never writes it, and a
-                // checkpoint replaced underneath a running engine is outside its contract
-                // (installs write new files and rename them into place).
-                unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&p, e))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let maps = Mapped::open(inv)?;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let embed = matrix(inv, names::EMBED, v, h)?;
         let lm_head = matrix(inv, names::LM_HEAD, v, h)?;
-        let norm = vector(inv, &maps, names::NORM, h)?;
+        let norm = maps.vector(inv, names::NORM, h)?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| load_layer(inv, &maps, &cfg, l))
             .collect::<Result<Vec<_>>>()?;
@@ -130,7 +99,7 @@ impl GptOssModel {
             top_k: cfg.top_k(),
         };
         Ok(GptOssModel {
-            rope: Rope::new(&cfg),
+            rope: rope(&cfg),
             context_limit: cfg.max_position_embeddings,
             cfg,
             maps,
@@ -143,7 +112,6 @@ impl GptOssModel {
             exec: ExecOptions::default(),
             pass: 2048,
             plan: None,
-            device: candle::Device::Cpu,
             observers: Observers::default(),
         })
     }
@@ -175,14 +143,10 @@ impl GptOssModel {
 
     /// An empty sequence: one key/value row cache per layer.
     pub fn new_state(&self) -> SeqState {
-        SeqState {
-            pos: 0,
-            layers: self
-                .layers
-                .iter()
-                .map(|l| LayerState::Rows(RowCache::new(l.shape.row_width(), self.context_limit)))
-                .collect(),
-        }
+        row_pass::new_state(
+            self.layers.iter().map(|l| l.shape.row_width()),
+            self.context_limit,
+        )
     }
 
     /// Feeds `ids` (in passes of the plan's prefill length; every row's arithmetic is its
@@ -215,12 +179,12 @@ impl GptOssModel {
 
     /// Bytes of dense weights the model maps (resident: never re-read per token).
     pub fn dense_bytes(&self) -> u64 {
-        self.maps.iter().map(|m| m.len() as u64).sum()
+        self.maps.len()
     }
 
     /// `hidden` with the model's observers and no cancel flag.
     fn pass_rows(&self, ids: &[u32], state: &mut SeqState) -> Result<Vec<f32>> {
-        self.hidden(ids, state, &self.observers, None, None)?
+        row_pass::hidden(self, ids, state, &self.observers, None, None)?
             .ok_or_else(|| Error::Msg("a pass without a cancel flag stopped".into()))
     }
 
@@ -234,23 +198,6 @@ impl GptOssModel {
         self.observers.clear();
     }
 
-    /// The final hidden rows `[T, hidden]` of one sequence (`hidden_seqs` with one).
-    pub(super) fn hidden(
-        &self,
-        ids: &[u32],
-        state: &mut SeqState,
-        obs: &dyn Observer,
-        cancel: Option<&std::sync::atomic::AtomicBool>,
-        prefill: Option<PrefillStep>,
-    ) -> Result<Option<Vec<f32>>> {
-        self.hidden_seqs(&mut [PassSeq { ids, state }], obs, cancel, prefill)
-    }
-
-    /// Layers.
-    pub(super) fn layer_count(&self) -> usize {
-        self.layers.len()
-    }
-
     /// Layer `l`'s weights.
     pub(super) fn layer(&self, l: usize) -> &Layer {
         &self.layers[l]
@@ -261,64 +208,23 @@ impl GptOssModel {
         &self.rope
     }
 
-    /// Refuses empty input, ids past the vocabulary and growth past the context limit (a
-    /// state of another model's layout is refused by the pass itself).
+    /// Refuses empty input, ids past the vocabulary and growth past the context limit.
     pub fn check_input(&self, ids: &[u32], state: &SeqState) -> Result<()> {
-        if ids.is_empty() {
-            return Err(Error::Msg("no input ids".into()));
-        }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
-            return Err(Error::Msg(format!(
-                "token id {bad} is outside the vocabulary ({})",
-                self.cfg.vocab_size
-            )));
-        }
-        let needed = state.pos + ids.len();
-        if needed > self.context_limit {
-            return Err(Error::ContextLimit {
-                needed,
-                limit: self.context_limit,
-            });
-        }
-        Ok(())
-    }
-
-    fn bytes(&self, s: &Stored) -> &[u8] {
-        &self.maps[s.shard][s.start..s.end]
-    }
-
-    fn dense(&self, s: &Stored) -> Result<DenseMatrix<'_>> {
-        let b = self.bytes(s);
-        let data = match s.dtype {
-            Dtype::F32 => DenseData::F32(b),
-            _ => DenseData::Bf16(b),
-        };
-        DenseMatrix::new(data, s.rows, s.cols)
+        row_pass::check_ids(ids, state, self.cfg.vocab_size, self.context_limit)
     }
 
     /// `x · Wᵀ + b` for `t` rows.
     pub(super) fn linear(&self, p: &Linear, x: &[f32], t: usize) -> Result<Vec<f32>> {
-        let mut y = vec![0f32; t * p.w.rows];
-        gemm(&self.dense(&p.w)?, x, t, &mut y)?;
+        let mut y = self.maps.matmul(&p.w, x, t)?;
         for row in y.chunks_exact_mut(p.b.len()) {
             row.iter_mut().zip(&p.b).for_each(|(a, c)| *a += c);
         }
         Ok(y)
     }
 
-    pub(super) fn embed_rows(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let h = self.cfg.hidden_size;
-        let width = if self.embed.dtype == Dtype::F32 { 4 } else { 2 };
-        let all = self.bytes(&self.embed);
-        Ok(ids
-            .iter()
-            .flat_map(|&i| {
-                to_f32(
-                    &all[i as usize * h * width..][..h * width],
-                    self.embed.dtype,
-                )
-            })
-            .collect())
+    /// Embedding rows of `ids`.
+    pub(super) fn embed_rows(&self, ids: &[u32]) -> Vec<f32> {
+        self.maps.rows(&self.embed, ids)
     }
 
     /// `x += experts(post_norm(x))`, routed by the softmax over the top-k router logits.
@@ -354,23 +260,6 @@ impl GptOssModel {
     /// `lm_head(norm(x))` for `t` rows.
     pub(super) fn logits(&self, x: &[f32], t: usize) -> Result<Vec<f32>> {
         let n = rms_norm(x, &self.norm, self.cfg.rms_norm_eps as f32);
-        let mut y = vec![0f32; t * self.cfg.vocab_size];
-        gemm(&self.dense(&self.lm_head)?, &n, t, &mut y)?;
-        Ok(y)
+        self.maps.matmul(&self.lm_head, &n, t)
     }
-}
-
-/// `w · x / sqrt(mean(x²) + eps)` per row of `x`.
-pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
-    out.par_chunks_mut(w.len())
-        .zip(x.par_chunks(w.len()))
-        .for_each(|(o, r)| {
-            let ms = r.iter().map(|v| v * v).sum::<f32>() / r.len() as f32;
-            let inv = 1.0 / (ms + eps).sqrt();
-            for ((a, b), c) in o.iter_mut().zip(r).zip(w) {
-                *a = c * (b * inv);
-            }
-        });
-    out
 }

@@ -27,6 +27,14 @@ pub const EXPERT_PARTS: [&str; 6] = [
     "down_proj_bias",
 ];
 
+/// Whether `name` is a routed expert's tensor (streamed; never in a streaming install's dense
+/// copy).
+pub fn is_expert(name: &str) -> bool {
+    EXPERT_PARTS
+        .iter()
+        .any(|p| name.ends_with(&format!("mlp.experts.{p}")))
+}
+
 /// Full name of layer `l`'s tensor `suffix`.
 pub fn layer(l: usize, suffix: &str) -> String {
     format!("model.layers.{l}.{suffix}")

@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::time::Instant;
 
-use deltafin::models::gpt_oss::{plan::expert_bytes, GptOssModel, GptOssOptions};
+use deltafin::models::gpt_oss::{plan::expert_bytes, GptOssModel};
 use deltafin::runtime::generate::argmax;
+use deltafin::runtime::load::LoadOptions;
 use deltafin::Result;
 
 use super::{stream_read, Stats};
@@ -35,7 +36,14 @@ pub fn decode_floor(
     runs: usize,
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
-    let model = GptOssModel::open_planned(root, &GptOssOptions::default(), |p| eprintln!("{p}"))?;
+    let model = GptOssModel::open_planned(
+        root,
+        &LoadOptions {
+            max_batch: None,
+            ..Default::default()
+        },
+        |p| eprintln!("{p}"),
+    )?;
     let bytes = token_bytes(&model, root)?;
     let vocab = model.config().vocab_size.min(4096) as u32;
     let prompt: Vec<u32> = (0..prompt_len.max(1) as u32)

@@ -100,6 +100,95 @@ pub enum FixtureKind {
         #[arg(long, default_value_t = 64)]
         original_context: usize,
     },
+    /// Qwen3-MoE in the hub's layout (one-based shard names cut at any tensor boundary, BF16
+    /// experts one tensor per expert and matrix): the tiny shape or Qwen3-30B-A3B's, with any
+    /// field changed.
+    #[command(name = "qwen3-moe")]
+    Qwen3Moe(Qwen3MoeArgs),
+}
+
+/// The shape of a Qwen3-MoE fixture.
+#[derive(Debug, clap::Args)]
+pub struct Qwen3MoeArgs {
+    /// Output directory.
+    dir: PathBuf,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Number of shard files.
+    #[arg(long, default_value_t = 3)]
+    shards: usize,
+    /// `tiny` or `30b-a3b` (Qwen3-30B-A3B's published widths).
+    #[arg(long, default_value = "tiny")]
+    shape: String,
+    /// Decoder layers (a layer prefix of a published shape).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Residual width.
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Key/value heads.
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// Head width.
+    #[arg(long)]
+    head_dim: Option<usize>,
+    /// Experts per sparse layer.
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Experts per token.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Expert width.
+    #[arg(long)]
+    moe_inter: Option<usize>,
+    /// `norm_topk_prob: false` (the top-k weights are not renormalised).
+    #[arg(long)]
+    no_norm_topk: bool,
+    /// `decoder_sparse_step`.
+    #[arg(long)]
+    sparse_step: Option<usize>,
+    /// `mlp_only_layers`, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    mlp_only: Vec<usize>,
+    /// `tie_word_embeddings: true`.
+    #[arg(long)]
+    tied: bool,
+}
+
+fn write_qwen3_moe(a: Qwen3MoeArgs) -> anyhow::Result<()> {
+    use deltafin::models::qwen3_moe::fixture::{write_qwen3_moe, Qwen3MoeShape};
+    let mut s = match a.shape.as_str() {
+        "tiny" => Qwen3MoeShape::tiny(),
+        "30b-a3b" => Qwen3MoeShape::qwen3_30b_a3b(),
+        other => anyhow::bail!("--shape {other}: expected tiny or 30b-a3b"),
+    };
+    let set = |f: &mut usize, v: Option<usize>| *f = v.unwrap_or(*f);
+    set(&mut s.layers, a.layers);
+    set(&mut s.hidden, a.hidden);
+    set(&mut s.heads, a.heads);
+    set(&mut s.kv_heads, a.kv_heads);
+    set(&mut s.head_dim, a.head_dim);
+    set(&mut s.experts, a.experts);
+    set(&mut s.top_k, a.top_k);
+    set(&mut s.moe_inter, a.moe_inter);
+    set(&mut s.sparse_step, a.sparse_step);
+    s.norm_topk_prob &= !a.no_norm_topk;
+    s.mlp_only = a.mlp_only;
+    s.tied |= a.tied;
+    let t0 = std::time::Instant::now();
+    let cfg = write_qwen3_moe(&a.dir, &s, a.seed, a.shards)?;
+    eprintln!(
+        "wrote Qwen3-MoE ({} layers, {} experts) to {} in {:.1} s",
+        cfg.num_hidden_layers,
+        cfg.num_experts,
+        a.dir.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// Writes the fixture `kind` names.
@@ -176,6 +265,7 @@ pub fn write(kind: FixtureKind) -> anyhow::Result<()> {
             write_gpt_oss(&dir, &shape, seed, shards)?;
             eprintln!("wrote gpt-oss-tiny to {}", dir.display());
         }
+        FixtureKind::Qwen3Moe(a) => write_qwen3_moe(a)?,
         FixtureKind::K3Full { dir, seed, layers } => {
             let t0 = std::time::Instant::now();
             write_k3_full(&dir, seed, layers)?;

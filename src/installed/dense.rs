@@ -1,9 +1,9 @@
-//! gpt-oss's dense weights for a streaming install: every tensor that is not a routed expert
-//! (embedding, attention, sinks, router, norms, lm_head), copied once from the hub's shards by
-//! range reads into one local `model.safetensors` under `deltafin-dense/`, which the model maps
-//! in place of shards it does not have. The experts stay on the hub and in the disk cache.
-//! Written atomically (unique temp, fsync, rename, fsync the directory). Owns the dense file;
-//! must not touch the expert cache.
+//! The dense weights of a streaming install for a family that maps its shards (gpt-oss,
+//! Qwen3-MoE): every tensor that is not a routed expert (the family's `is_expert` says which),
+//! copied once from the hub's shards by range reads into one local `model.safetensors` under
+//! `deltafin-dense/`, which the model maps in place of shards it does not have. The experts
+//! stay on the hub and in the disk cache. Written atomically (unique temp, fsync, rename, fsync
+//! the directory). Owns the dense file; must not touch the expert cache.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,34 +14,26 @@ use crate::fsio::atomic::write_atomic_with;
 use crate::spine::convert::TensorBytes;
 use crate::{Error, Result};
 
-use super::names::EXPERT_PARTS;
-
 /// The directory of a streaming install's dense file.
 pub fn dense_dir(root: &Path) -> PathBuf {
     root.join("deltafin-dense")
 }
 
-/// Whether `name` is a routed expert's tensor (streamed, never in the dense file).
-pub fn is_expert(name: &str) -> bool {
-    EXPERT_PARTS
-        .iter()
-        .any(|p| name.ends_with(&format!("mlp.experts.{p}")))
-}
-
 /// Bytes the dense file holds (every non-expert tensor of `inv`).
-pub fn dense_bytes(inv: &Inventory) -> u64 {
+pub fn dense_bytes(inv: &Inventory, is_expert: impl Fn(&str) -> bool) -> u64 {
     inv.iter()
         .filter(|(n, _)| !is_expert(n))
         .map(|(_, t)| t.len())
         .sum()
 }
 
-/// Writes `root/deltafin-dense/model.safetensors` from `src` (the hub's shards by range
+/// Writes `root/deltafin-dense/model.safetensors` (every tensor of `inv` but the experts) from `src` (the hub's shards by range
 /// reads), reporting `(bytes done, total)`; a finished file of the same tensors is kept.
 pub fn write_dense(
     root: &Path,
     inv: &Inventory,
     src: &dyn TensorBytes,
+    is_expert: impl Fn(&str) -> bool,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<PathBuf> {
     let mut names: Vec<&String> = inv
@@ -58,7 +50,7 @@ pub fn write_dense(
     let dir = dense_dir(root);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let path = dir.join("model.safetensors");
-    let total = dense_bytes(inv);
+    let total = dense_bytes(inv, &is_expert);
     // A finished file with this exact header holds these tensors (it was renamed into place
     // only once complete).
     if let Ok(h) = crate::checkpoint::header::read_header(&path) {

@@ -1,12 +1,18 @@
-//! gpt-oss's attention arithmetic over one layer's key/value cache: grouped queries (each key/
-//! value head serves `heads / kv_heads` query heads), a causal span that is the whole sequence
-//! (full layers) or the last `window` positions, the current one included (sliding layers), and
-//! a learned per-head sink: one extra logit in the softmax's denominator that takes probability
-//! but contributes no value. fp32, with the max subtracted as the reference does.
-//! Owns the cache row layout (`[k (kv_heads·d) | v (kv_heads·d)]` per position, keys rotated);
-//! must not touch weights.
+//! Grouped-query attention over one layer's key/value row cache, for any family whose state is
+//! `LayerState::Rows`: grouped queries (each key/value head serves `heads / kv_heads` query
+//! heads), a causal span that is the whole sequence (full layers) or the last `window`
+//! positions, the current one included (sliding layers), and optionally a learned per-head sink
+//! (gpt-oss): one extra logit in the softmax's denominator that takes probability but
+//! contributes no value. fp32, with the max subtracted as the references do.
+//! Owns the cache row layout (`[k (kv_heads·d) | v (kv_heads·d)]` per position, keys rotated)
+//! and the per-sequence rotate-append-attend step of a pass; must not touch weights.
 
 use rayon::prelude::*;
+
+use super::rope::Rope;
+use super::row_pass::PassSeq;
+use crate::runtime::state::LayerState;
+use crate::{Error, Result};
 
 /// Shapes of one layer's attention.
 #[derive(Debug, Clone, Copy)]
@@ -29,13 +35,14 @@ impl AttnShape {
 }
 
 /// Attention of `t` queries `q` `[t, heads·d]` at positions `first..first + t` over `rows`
-/// (`[first + t, row_width]`, the new rows already appended) → `[t, heads·d]`.
+/// (`[first + t, row_width]`, the new rows already appended) → `[t, heads·d]`; `sinks`, one
+/// logit per head, when the family has them.
 pub fn attend(
     s: &AttnShape,
     q: &[f32],
     rows: &[f32],
     first: usize,
-    sinks: &[f32],
+    sinks: Option<&[f32]>,
     scale: f32,
 ) -> Vec<f32> {
     let (hd, kvd) = (s.heads * s.d, s.kv_heads * s.d);
@@ -56,9 +63,12 @@ pub fn attend(
                 qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale
             })
             .collect();
-        let m = scores.iter().fold(sinks[h], |a, &b| a.max(b));
+        let sink = sinks.map(|s| s[h]);
+        let m = scores
+            .iter()
+            .fold(sink.unwrap_or(f32::NEG_INFINITY), |a, &b| a.max(b));
         let e: Vec<f32> = scores.iter().map(|x| (x - m).exp()).collect();
-        let denom = e.iter().sum::<f32>() + (sinks[h] - m).exp();
+        let denom = e.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - m).exp());
         for (i, j) in (lo..=pos).enumerate() {
             let v = &rows[j * w + kvd + kv * s.d..][..s.d];
             let p = e[i] / denom;
@@ -68,6 +78,49 @@ pub fn attend(
         }
     });
     out
+}
+
+/// One layer's attention step for every sequence of a pass: rotates each sequence's query rows
+/// and new keys at its own positions, appends `[k | v]` rows to its cache, and attends over
+/// it. `q` `[Σ T, heads·d]`, `k` and `v` `[Σ T, kv_heads·d]` are the pass's projections, rows in
+/// the order of `seqs`; returns `[Σ T, heads·d]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_seqs(
+    l: usize,
+    s: &AttnShape,
+    rope: &Rope,
+    q: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    seqs: &mut [PassSeq<'_>],
+    sinks: Option<&[f32]>,
+    scale: f32,
+) -> Result<Vec<f32>> {
+    let (qd, kd) = (s.heads * s.d, s.kv_heads * s.d);
+    let mut a = Vec::with_capacity(q.len());
+    let mut r0 = 0;
+    for seq in seqs.iter_mut() {
+        let (first, n_rows) = (seq.state.pos, seq.ids.len());
+        let LayerState::Rows(cache) = &mut seq.state.layers[l] else {
+            return Err(Error::Msg(format!(
+                "layer {l}: the state is not a key/value row state"
+            )));
+        };
+        // q, k, v rows r0..r0+n_rows are this sequence's.
+        let q = &mut q[r0 * qd..(r0 + n_rows) * qd];
+        let mut rows = Vec::with_capacity(n_rows * s.row_width());
+        for r in 0..n_rows {
+            rope.apply(&mut q[r * qd..][..qd], first + r, s.d);
+            let mut kr = k[(r0 + r) * kd..][..kd].to_vec();
+            rope.apply(&mut kr, first + r, s.d);
+            rows.extend_from_slice(&kr);
+            rows.extend_from_slice(&v[(r0 + r) * kd..][..kd]);
+        }
+        cache.append(&rows);
+        a.extend(attend(s, q, cache.rows(), first, sinks, scale));
+        r0 += n_rows;
+    }
+    Ok(a)
 }
 
 #[cfg(test)]
@@ -105,7 +158,8 @@ mod tests {
         let rows: Vec<f32> = (0..n * s.row_width()).map(val).collect();
         let q: Vec<f32> = (0..2 * s.heads * s.d).map(|i| val(i + 5)).collect();
         let sinks = [0.5f32, -1.0, 2.0, 0.0];
-        let got = attend(&s, &q, &rows, n - 2, &sinks, 0.35);
+        let got = attend(&s, &q, &rows, n - 2, Some(&sinks), 0.35);
+        let plain = attend(&s, &q, &rows, n - 2, None, 0.35);
         for r in 0..2 {
             let pos = n - 2 + r;
             for h in 0..s.heads {
@@ -122,6 +176,21 @@ mod tests {
                 let g = &got[(r * 4 + h) * 8..][..8];
                 for (a, b) in g.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-5, "row {r} head {h}: {a} vs {b}");
+                }
+                // Without sinks: a plain causal softmax (a sink of -inf takes no probability).
+                let g = &plain[(r * 4 + h) * 8..][..8];
+                let want = naive(
+                    &q[(r * 4 + h) * 8..][..8],
+                    &ks,
+                    &vs,
+                    f32::NEG_INFINITY,
+                    0.35,
+                );
+                for (a, b) in g.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "no sinks, row {r} head {h}: {a} vs {b}"
+                    );
                 }
             }
         }
