@@ -306,7 +306,7 @@ fn server_answers_concurrent_requests_as_each_alone() {
     };
     let (addr, _st) = client::start_engine(e, cfg);
     let body = |i: usize| {
-        json!({"model": "deltafin-kimi-k3", "prompt": format!("request {i} {}", "word ".repeat(3 * i)),
+        json!({"model": "deltafin-gpt-oss", "prompt": format!("request {i} {}", "word ".repeat(3 * i)),
                "max_tokens": 12, "temperature": 0}).to_string()
     };
     let text = |b: &str| {
@@ -338,7 +338,7 @@ fn server_answers_concurrent_requests_as_each_alone() {
     assert_eq!(together, alone);
     // A chat request renders harmony, with tools too; forcing a call is refused by name (not
     // rendered wrongly).
-    let chat = json!({"model": "deltafin-kimi-k3", "messages": [{"role": "user", "content": "hi"}],
+    let chat = json!({"model": "deltafin-gpt-oss", "messages": [{"role": "user", "content": "hi"}],
                       "max_tokens": 8, "temperature": 0});
     let (code, _, b) = client::http(addr, "POST", "/v1/chat/completions", &chat.to_string());
     assert_eq!(code, 200, "{b}");

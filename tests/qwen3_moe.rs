@@ -168,3 +168,63 @@ fn dense_mlp_layers_and_an_unknown_model_type() {
         .to_string();
     assert!(e.contains("qwen2_moe") && e.contains("qwen3_moe"), "{e}");
 }
+
+/// The speed reference for `bench forward` (docs/benchmarks.md): candle-transformers'
+/// in-RAM `qwen3_moe` (BF16 weights, every expert resident) decoding the checkpoint in
+/// `DELTAFIN_QWEN3_BENCH`; prints one JSON line with ms per token over 5 runs.
+#[test]
+#[ignore = "a benchmark: set DELTAFIN_QWEN3_BENCH to a checkpoint directory"]
+fn candle_transformers_decode_speed() {
+    let Ok(dir) = std::env::var("DELTAFIN_QWEN3_BENCH") else {
+        return;
+    };
+    let dir = Path::new(&dir);
+    let cfg: Config =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let inv = Inventory::from_dir(dir).unwrap();
+    let files: Vec<_> = (0..inv.shards.len()).map(|i| inv.shard_path(i)).collect();
+    let t0 = std::time::Instant::now();
+    // SAFETY: the checkpoint is not modified while mapped.
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(&files, DType::BF16, &Device::Cpu).unwrap()
+    };
+    let mut m = ModelForCausalLM::new(&cfg, vb).unwrap();
+    let load_s = t0.elapsed().as_secs_f64();
+    let (prompt_len, decode) = (16, 16);
+    let p = prompt(prompt_len, 1, 4096);
+    let mut per_run = Vec::new();
+    for run in 0..6 {
+        m.clear_kv_cache();
+        let step = |m: &mut ModelForCausalLM, ids: &[u32], pos: usize| -> Vec<f32> {
+            let x = Tensor::new(ids, &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let l = m.forward(&x, pos).unwrap();
+            l.to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let mut logits = step(&mut m, &p, 0);
+        let t = std::time::Instant::now();
+        for i in 0..decode {
+            let next = deltafin::runtime::generate::argmax(&logits);
+            logits = step(&mut m, &[next], prompt_len + i);
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / decode as f64;
+        if run > 0 {
+            per_run.push(ms);
+        }
+    }
+    per_run.sort_by(f64::total_cmp);
+    println!(
+        "{}",
+        serde_json::json!({"figure": "candle_transformers_qwen3_moe_decode", "dtype": "bf16",
+            "load_s": load_s, "prompt_len": prompt_len, "decode": decode, "runs": per_run.len(),
+            "ms_per_token": {"median": per_run[per_run.len() / 2], "min": per_run[0],
+                             "max": per_run[per_run.len() - 1]}})
+    );
+}

@@ -38,6 +38,8 @@ pub struct Engine {
     model: Box<dyn Model>,
     tok: Arc<Tokenizer>,
     root: PathBuf,
+    /// The id the server reports for the model (its family's `served_id`).
+    model_id: String,
     /// The prompt cache, when attached (`enable_prompt_cache`).
     cache: Option<crate::engine::prompt_cache::PromptCache>,
     /// The checkpoint's fingerprint, computed on first use (it keys saved state files).
@@ -69,6 +71,7 @@ impl Engine {
         Ok(Engine {
             model,
             tok: Arc::new(tok),
+            model_id: family.served_id(),
             root: root.to_path_buf(),
             cache: None,
             fingerprint: Default::default(),
@@ -80,10 +83,19 @@ impl Engine {
         Engine {
             model,
             tok: Arc::new(tok),
+            // The family of the checkpoint in `root` when it has one.
+            model_id: crate::models::family(root).map_or("deltafin".into(), |f| f.served_id()),
             root: root.to_path_buf(),
             cache: None,
             fingerprint: Default::default(),
         }
+    }
+
+    /// The id the OpenAI server reports and accepts for this model by default (its family's
+    /// `served_id`, e.g. `deltafin-kimi-k3`; `deltafin` for a model whose root has no known
+    /// config.json).
+    pub fn model_id(&self) -> &str {
+        &self.model_id
     }
 
     /// The model.

@@ -22,6 +22,16 @@ use crate::{Error, Result};
 /// A family check's outcome: what was found, or what looks wrong (a warning).
 pub type Check = std::result::Result<String, String>;
 
+/// How a family holds its dense weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenseWeights {
+    /// Mapped from the shards (or a streaming install's copy) and resident: nothing dense is
+    /// re-read per token.
+    Mapped,
+    /// A converted spine store, pinned or streamed layer by layer under the plan (`spine/`).
+    SpineStore,
+}
+
 /// A model family the runtime can open, install and serve.
 pub trait ModelFamily: Send + Sync {
     /// The family's name for people (`"Kimi K3"`).
@@ -32,6 +42,18 @@ pub trait ModelFamily: Send + Sync {
 
     /// The chat format its checkpoints were trained on.
     fn chat_format(&self) -> ChatFormat;
+
+    /// The model id the OpenAI server reports and accepts unless told another
+    /// (`deltafin-` and the first `model_type`, `_` as `-`: `deltafin-kimi-k3`).
+    fn served_id(&self) -> String {
+        let t = self.model_types().first().copied().unwrap_or("model");
+        format!("deltafin-{}", t.replace('_', "-"))
+    }
+
+    /// How it holds its dense weights (which benches apply).
+    fn dense_weights(&self) -> DenseWeights {
+        DenseWeights::Mapped
+    }
 
     /// The files `setup` fetches besides config.json and the shards: `(name, required)`.
     fn metadata_files(&self) -> &'static [(&'static str, bool)];

@@ -24,18 +24,18 @@ use crate::tokenizer::Tokenizer;
 
 /// `/v1/models`.
 pub(super) async fn models(State(st): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [{"id": st.cfg.model_id, "object": "model", "created": 0, "owned_by": "deltafin"}]})).into_response()
+    Json(json!({"object": "list", "data": [{"id": st.model_id(), "object": "model", "created": 0, "owned_by": "deltafin"}]})).into_response()
 }
 
 /// A request naming another model gets 404.
 fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     match v.get("model").and_then(|m| m.as_str()) {
-        Some(m) if m != st.cfg.model_id => Err(ApiError {
+        Some(m) if m != st.model_id() => Err(ApiError {
             status: 404,
             message: format!(
                 "model `{m}` does not exist (this server serves `{}`)",
-                st.cfg.model_id
+                st.model_id()
             ),
             param: Some("model".into()),
             kind: "invalid_request_error",
@@ -124,7 +124,7 @@ async fn launch(
     Ok(Launched {
         rx: start(st.clone(), place, (ids, marks), max_new, s, chat),
         id: format!("{prefix}-{}", st.next_id.fetch_add(1, Ordering::SeqCst)),
-        model: st.cfg.model_id.clone(),
+        model: st.model_id().to_string(),
         created: now(),
         stream,
         include_usage,

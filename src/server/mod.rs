@@ -39,8 +39,8 @@ use validate::ApiError;
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The model id reported and accepted.
-    pub model_id: String,
+    /// The model id reported and accepted (None: the engine's, its family's `served_id`).
+    pub model_id: Option<String>,
     /// Hard ceiling on new tokens per request.
     pub max_tokens: usize,
     /// Default new tokens for raw completions.
@@ -74,7 +74,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            model_id: "deltafin-kimi-k3".into(),
+            model_id: None,
             max_tokens: 32768,
             completion_default: 256,
             max_batch: 0,
@@ -115,7 +115,9 @@ impl AppState {
     /// State over an opened engine. With `cfg.prompt_cache`, an engine without a prompt cache
     /// gets one in RAM (the plan's size, else 1 GiB; the binary attaches its own, with
     /// `--prompt-cache DIR`, before this).
-    pub fn new(mut engine: Engine, cfg: ServerConfig) -> Arc<Self> {
+    pub fn new(mut engine: Engine, mut cfg: ServerConfig) -> Arc<Self> {
+        cfg.model_id
+            .get_or_insert_with(|| engine.model_id().to_string());
         if cfg.prompt_cache && engine.prompt_cache().is_none() {
             let mut opts = crate::engine::prompt_cache::PromptCacheOptions::default();
             if let Some(p) = engine.model().plan().filter(|p| p.prompt_cache > 0) {
@@ -155,6 +157,11 @@ impl AppState {
             metrics: Default::default(),
             json_tokens: Default::default(),
         })
+    }
+
+    /// The model id reported and accepted.
+    pub fn model_id(&self) -> &str {
+        self.cfg.model_id.as_deref().unwrap_or("deltafin")
     }
 
     /// Requests decoding at once.

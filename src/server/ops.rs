@@ -88,7 +88,7 @@ pub(super) async fn count(State(st): State<Arc<AppState>>, req: Request, next: N
 /// `/health` once the model is loaded.
 pub(super) async fn health(State(st): State<Arc<AppState>>) -> Response {
     let b = st.scheduler.stats();
-    Json(serde_json::json!({"status": "ok", "model": st.cfg.model_id,
+    Json(serde_json::json!({"status": "ok", "model": st.model_id(),
         "active": b.active, "waiting": b.waiting}))
     .into_response()
 }

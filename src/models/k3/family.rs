@@ -11,7 +11,7 @@ use super::config::K3Config;
 use super::K3Model;
 use crate::chat::ChatFormat;
 use crate::checkpoint::{ExpertIndex, Inventory};
-use crate::runtime::family::{Check, ModelFamily};
+use crate::runtime::family::{Check, DenseWeights, ModelFamily};
 use crate::runtime::load::LoadOptions;
 use crate::runtime::memory::MemoryPlan;
 use crate::runtime::model::Model;
@@ -37,6 +37,10 @@ impl ModelFamily for K3 {
 
     fn chat_format(&self) -> ChatFormat {
         ChatFormat::Xtml
+    }
+
+    fn dense_weights(&self) -> DenseWeights {
+        DenseWeights::SpineStore
     }
 
     fn metadata_files(&self) -> &'static [(&'static str, bool)] {

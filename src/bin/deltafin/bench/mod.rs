@@ -1,10 +1,10 @@
 //! Benchmarks that report each figure against a bound measured in the same run.
 
+pub mod decode;
 pub mod dense;
 pub mod experts;
 pub mod floor;
 pub mod forward;
-pub mod gpt_oss;
 pub mod homes;
 pub mod mapped;
 pub mod prefill;

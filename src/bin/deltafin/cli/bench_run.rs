@@ -166,15 +166,17 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             cold_spine,
             oracle_drafts,
         } => {
-            // gpt-oss's dense weights are mapped, not a spine: its own floor measurement.
-            if deltafin::models::family(&model_root)?
-                .model_types()
-                .contains(&"gpt_oss")
-            {
+            // Mapped dense weights (no spine store): the family-blind decode measurement.
+            use deltafin::runtime::family::DenseWeights;
+            let family = deltafin::models::family(&model_root)?;
+            if family.dense_weights() == DenseWeights::Mapped {
                 if !floor {
-                    anyhow::bail!("on gpt-oss, `bench forward` measures `--floor` only for now");
+                    anyhow::bail!(
+                        "on {}, `bench forward` measures `--floor` only for now",
+                        family.name()
+                    );
                 }
-                return crate::bench::gpt_oss::decode_floor(
+                return crate::bench::decode::decode_floor(
                     &model_root,
                     prompt_len,
                     decode,

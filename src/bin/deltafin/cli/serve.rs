@@ -25,9 +25,10 @@ pub struct ServeArgs {
     /// Port.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Model id reported by /v1/models and accepted in requests.
-    #[arg(long, default_value = "deltafin-kimi-k3")]
-    pub model_id: String,
+    /// Model id reported by /v1/models and accepted in requests (default: `deltafin-` and the
+    /// checkpoint's `model_type`, e.g. `deltafin-kimi-k3`, `deltafin-qwen3-moe`).
+    #[arg(long)]
+    pub model_id: Option<String>,
     /// Hard ceiling on new tokens per request (also `K3_SERVER_MAX_TOKENS`).
     #[arg(long, env = "K3_SERVER_MAX_TOKENS", default_value_t = 32768)]
     pub max_tokens: usize,
@@ -100,7 +101,7 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         let _ = early.await;
         eprintln!(
             "serving `{}` at http://{addr} (OpenAI-compatible; {})",
-            a.model_id,
+            state.model_id(),
             if a.api_key.is_some() {
                 "API key required on /v1"
             } else {
