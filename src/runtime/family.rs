@@ -50,6 +50,11 @@ pub trait ModelFamily: Send + Sync {
         format!("deltafin-{}", t.replace('_', "-"))
     }
 
+    /// The test and benchmark checkpoints it can write (`deltafin fixture NAME`).
+    fn fixtures(&self) -> &'static [crate::runtime::fixtures::Fixture] {
+        &[]
+    }
+
     /// How it holds its dense weights (which benches apply).
     fn dense_weights(&self) -> DenseWeights {
         DenseWeights::Mapped

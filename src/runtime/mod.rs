@@ -7,6 +7,7 @@
 //! prompt cache, which open a model by its family, are `crate::engine`. Names no family.
 
 pub mod family;
+pub mod fixtures;
 pub mod generate;
 pub mod load;
 pub mod memory;

@@ -37,6 +37,10 @@ impl ModelFamily for GptOss {
         ChatFormat::Harmony
     }
 
+    fn fixtures(&self) -> &'static [crate::runtime::fixtures::Fixture] {
+        super::fixture::FIXTURES
+    }
+
     fn metadata_files(&self) -> &'static [(&'static str, bool)] {
         &[
             ("tokenizer.json", true),

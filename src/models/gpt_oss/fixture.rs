@@ -12,6 +12,7 @@ use safetensors::Dtype;
 
 use crate::checkpoint::fixture_writer::{write_shards, Fill, Tensor};
 use crate::fsio::atomic::write_atomic;
+use crate::runtime::fixtures::{Fixture, FixtureArgs, FixtureOption};
 use crate::{Error, Result};
 
 use super::config::GptOssConfig;
@@ -293,3 +294,70 @@ fn write(
     write_tokenizer_json(dir, shape)?;
     GptOssConfig::from_file(&dir.join("config.json"))
 }
+
+fn tiny_fixture(dir: &Path, a: &FixtureArgs) -> Result<String> {
+    let shape = GptOssShape {
+        original_context: a.number("original-context", 64usize)?.max(1),
+        ..GptOssShape::tiny()
+    };
+    write_gpt_oss(dir, &shape, a.number("seed", 0)?, a.number("shards", 3)?)?;
+    Ok(format!("wrote gpt-oss-tiny to {}", dir.display()))
+}
+
+fn full_fixture(dir: &Path, a: &FixtureArgs) -> Result<String> {
+    let model = a.text("model").unwrap_or("120b");
+    let mut shape = match model {
+        "120b" => GptOssShape::gpt_oss_120b(),
+        "20b" => GptOssShape::gpt_oss_20b(),
+        other => return Err(Error::Msg(format!("--model {other}: expected 120b or 20b"))),
+    };
+    if let Some(n) = a.maybe::<usize>("layers")? {
+        if n == 0 || n > shape.layers {
+            return Err(Error::Msg(format!(
+                "--layers {n}: expected 1..={}",
+                shape.layers
+            )));
+        }
+        shape.layers = n;
+    }
+    let t0 = std::time::Instant::now();
+    write_gpt_oss_sparse(dir, &shape, a.number("seed", 0)?, a.number("shards", 15)?)?;
+    Ok(format!(
+        "wrote the full-shape gpt-oss-{model} fixture (sparse) to {} in {:.1} s",
+        dir.display(),
+        t0.elapsed().as_secs_f64()
+    ))
+}
+
+const fn opt(name: &'static str, value: Option<&'static str>, help: &'static str) -> FixtureOption {
+    FixtureOption { name, value, help }
+}
+
+/// gpt-oss's fixtures (`deltafin fixture gpt-oss-tiny|gpt-oss-full`).
+pub static FIXTURES: &[Fixture] = &[
+    Fixture {
+        name: "gpt-oss-tiny",
+        about: "a tiny gpt-oss in the hub's exact format (zero-based shard names, stacked MXFP4 experts)",
+        options: &[
+            opt("seed", Some("N"), "seed (0)"),
+            opt("shards", Some("N"), "number of shard files (3)"),
+            opt(
+                "original-context",
+                Some("N"),
+                "YaRN's original context; the model holds 4x as many positions (64)",
+            ),
+        ],
+        write: tiny_fixture,
+    },
+    Fixture {
+        name: "gpt-oss-full",
+        about: "gpt-oss at its published shape (120b: 36 layers x 128 experts; or 20b) as sparse files: outputs meaningless, counts, sizes and memory real",
+        options: &[
+            opt("seed", Some("N"), "seed (0)"),
+            opt("shards", Some("N"), "number of shard files (the hub's 120b has 15, its 20b 3; 15)"),
+            opt("model", Some("120b|20b"), "which published shape (120b)"),
+            opt("layers", Some("N"), "only the first N decoder layers"),
+        ],
+        write: full_fixture,
+    },
+];

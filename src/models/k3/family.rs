@@ -39,6 +39,10 @@ impl ModelFamily for K3 {
         ChatFormat::Xtml
     }
 
+    fn fixtures(&self) -> &'static [crate::runtime::fixtures::Fixture] {
+        super::fixture::registry::FIXTURES
+    }
+
     fn dense_weights(&self) -> DenseWeights {
         DenseWeights::SpineStore
     }

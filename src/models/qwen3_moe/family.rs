@@ -39,6 +39,10 @@ impl ModelFamily for Qwen3Moe {
         ChatFormat::ChatMl
     }
 
+    fn fixtures(&self) -> &'static [crate::runtime::fixtures::Fixture] {
+        super::fixture::FIXTURES
+    }
+
     fn metadata_files(&self) -> &'static [(&'static str, bool)] {
         &[
             ("tokenizer.json", true),

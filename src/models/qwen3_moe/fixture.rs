@@ -16,6 +16,7 @@ use crate::chat::chatml::{END_OF_TEXT, IM_END, IM_START, THINK, THINK_END};
 use crate::checkpoint::fixture_writer::{write_shards, Fill, Tensor};
 use crate::checkpoint::tiktoken_fixture::{pad_ranks, train_ranks};
 use crate::fsio::atomic::write_atomic;
+use crate::runtime::fixtures::{Fixture, FixtureArgs, FixtureOption};
 use crate::{Error, Result};
 
 use super::config::Qwen3MoeConfig;
@@ -288,3 +289,69 @@ pub fn write_tokenizer_json(dir: &Path, shape: &Qwen3MoeShape) -> Result<()> {
         .map_err(|e| Error::Msg(format!("tokenizer.json: {e}")))?;
     write_atomic(&dir.join("tokenizer.json"), text.as_bytes())
 }
+
+/// `deltafin fixture qwen3-moe`: the tiny shape or Qwen3-30B-A3B's, with any field changed.
+fn fixture(dir: &Path, a: &FixtureArgs) -> Result<String> {
+    let mut s = match a.text("shape").unwrap_or("tiny") {
+        "tiny" => Qwen3MoeShape::tiny(),
+        "30b-a3b" => Qwen3MoeShape::qwen3_30b_a3b(),
+        other => {
+            return Err(Error::Msg(format!(
+                "--shape {other}: expected tiny or 30b-a3b"
+            )))
+        }
+    };
+    for (name, field) in [
+        ("layers", &mut s.layers),
+        ("hidden", &mut s.hidden),
+        ("heads", &mut s.heads),
+        ("kv-heads", &mut s.kv_heads),
+        ("head-dim", &mut s.head_dim),
+        ("experts", &mut s.experts),
+        ("top-k", &mut s.top_k),
+        ("moe-inter", &mut s.moe_inter),
+        ("sparse-step", &mut s.sparse_step),
+    ] {
+        *field = a.number(name, *field)?;
+    }
+    s.norm_topk_prob &= !a.flag("no-norm-topk");
+    s.mlp_only = a.numbers("mlp-only")?;
+    s.tied |= a.flag("tied");
+    let t0 = std::time::Instant::now();
+    let cfg = write_qwen3_moe(dir, &s, a.number("seed", 0)?, a.number("shards", 3)?)?;
+    Ok(format!(
+        "wrote Qwen3-MoE ({} layers, {} experts) to {} in {:.1} s",
+        cfg.num_hidden_layers,
+        cfg.num_experts,
+        dir.display(),
+        t0.elapsed().as_secs_f64()
+    ))
+}
+
+const fn opt(name: &'static str, value: Option<&'static str>, help: &'static str) -> FixtureOption {
+    FixtureOption { name, value, help }
+}
+
+/// Qwen3-MoE's fixture.
+pub static FIXTURES: &[Fixture] = &[Fixture {
+    name: "qwen3-moe",
+    about: "Qwen3-MoE in the hub's layout (one-based shard names cut at any tensor boundary, BF16 experts one tensor per expert and matrix)",
+    options: &[
+        opt("seed", Some("N"), "seed (0)"),
+        opt("shards", Some("N"), "number of shard files (3)"),
+        opt("shape", Some("tiny|30b-a3b"), "the base shape (tiny)"),
+        opt("layers", Some("N"), "decoder layers (a prefix of a published shape)"),
+        opt("hidden", Some("N"), "residual width"),
+        opt("heads", Some("N"), "query heads"),
+        opt("kv-heads", Some("N"), "key/value heads"),
+        opt("head-dim", Some("N"), "head width"),
+        opt("experts", Some("N"), "experts per sparse layer"),
+        opt("top-k", Some("N"), "experts per token"),
+        opt("moe-inter", Some("N"), "expert width"),
+        opt("sparse-step", Some("N"), "decoder_sparse_step"),
+        opt("mlp-only", Some("L,..."), "mlp_only_layers"),
+        opt("no-norm-topk", None, "norm_topk_prob: false"),
+        opt("tied", None, "tie_word_embeddings: true"),
+    ],
+    write: fixture,
+}];

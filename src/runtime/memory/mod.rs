@@ -19,6 +19,34 @@ pub struct Memory {
 /// 10^9 bytes.
 pub const GB: u64 = 1_000_000_000;
 
+/// The tightest memory limit on this process's cgroup and its ancestors (`proc_cgroup` is
+/// `/proc/self/cgroup`): v2 (`0::/path`, `memory.max`) and v1 (`N:memory:/path`,
+/// `memory.limit_in_bytes`), each level read through `read`; "unlimited" values ignored.
+fn cgroup_limit(proc_cgroup: &str, read: &dyn Fn(&str) -> Option<u64>) -> Option<u64> {
+    let mut found: Vec<u64> = Vec::new();
+    for line in proc_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let (base, file) = match controllers {
+            "" => ("/sys/fs/cgroup", "memory.max"),
+            c if c.split(',').any(|x| x == "memory") => {
+                ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+            }
+            _ => continue,
+        };
+        // The process's own cgroup, then each ancestor up to the root.
+        let mut dir = path.trim_end_matches('/').to_string();
+        loop {
+            found.extend(read(&format!("{base}{dir}/{file}")));
+            match dir.rfind('/') {
+                Some(i) => dir.truncate(i),
+                None => break,
+            }
+        }
+    }
+    found.into_iter().filter(|&l| l < (1u64 << 60)).min()
+}
+
 impl Memory {
     /// Reads `/proc/meminfo` and the cgroup (v2, then v1) limit; zeros when unknown.
     pub fn read() -> Memory {
@@ -29,9 +57,10 @@ impl Memory {
                 .ok()
                 .and_then(|s| s.trim().parse::<u64>().ok())
         };
-        let cgroup_limit = read_u64("/sys/fs/cgroup/memory.max")
-            .or_else(|| read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-            .filter(|&l| l < (1u64 << 60));
+        let cgroup_limit = cgroup_limit(
+            &std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
+            &read_u64,
+        );
         let total = field("MemTotal:");
         #[cfg(target_os = "macos")]
         let total = if total == 0 { macos_memsize() } else { total };
@@ -131,6 +160,25 @@ pub fn bound_allocator() {
 /// reports the peak of what ran since (Linux; elsewhere it does nothing and says so).
 pub fn reset_peak() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::cgroup_limit;
+
+    #[test]
+    fn the_tightest_limit_of_the_own_cgroup_and_its_ancestors() {
+        let files = |p: &str| match p {
+            "/sys/fs/cgroup/memory/a/b/memory.limit_in_bytes" => Some(8 << 30),
+            "/sys/fs/cgroup/memory/a/memory.limit_in_bytes" => Some(4 << 30),
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes" => Some(u64::MAX >> 1),
+            "/sys/fs/cgroup/x/memory.max" => Some(2 << 30),
+            _ => None,
+        };
+        assert_eq!(cgroup_limit("4:memory:/a/b\n0::/\n", &files), Some(4 << 30));
+        assert_eq!(cgroup_limit("0::/x\n", &files), Some(2 << 30));
+        assert_eq!(cgroup_limit("4:memory:/\n2:cpu:/a\n", &files), None);
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! budget smaller than the model). Per decode token: ms against the same run's floors (the
 //! bytes a token must touch, every dense layer, lm_head, one embedding row and its routed
 //! experts, at the memory read rate measured right before the run; and the expert bytes it
-//! read from storage at the raw `O_DIRECT` rate of the shards measured right before it), and
+//! read from storage at the raw parallel `O_DIRECT` rate of expert-sized reads of the shards,
+//! with the store's reader count, measured right before it), and
 //! the expert bytes read from storage against the distinct routed-expert bytes of that token.
 
 use std::path::Path;
@@ -12,13 +13,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use deltafin::checkpoint::Inventory;
+use deltafin::checkpoint::{ExpertIndex, ExpertSpan, Inventory};
 use deltafin::runtime::generate::argmax;
 use deltafin::runtime::load::LoadOptions;
 use deltafin::runtime::observe::{Event, Observer};
 use deltafin::Result;
 
-use super::experts::raw_read;
+use super::experts::raw_read_jobs;
 use super::{stream_read, Stats};
 
 /// Counts the distinct experts each pass routes to, summed over layers.
@@ -49,26 +50,33 @@ fn dense_bytes(inv: &Inventory, layers: usize) -> u64 {
     layer + head + row
 }
 
-/// Raw `O_DIRECT` read rate (bytes/s) of 256 MB of the largest shard, from an offset that
-/// moves each run.
-fn disk_rate(inv: &Inventory, run: usize) -> Result<f64> {
-    let (i, len) = (0..inv.shards.len())
-        .map(|i| {
-            (
-                i,
-                std::fs::metadata(inv.shard_path(i)).map_or(0, |m| m.len()),
-            )
-        })
-        .max_by_key(|x| x.1)
-        .unwrap_or((0, 0));
-    let n = (256u64 << 20).min(len);
-    let start = (run as u64 * (97 << 20)) % (len - n + 1);
-    Ok(raw_read(&inv.shard_path(i), start, start + n)? * 1e9)
+/// Raw parallel `O_DIRECT` read rate (bytes/s) of 48 experts' spans picked by `run` (each
+/// part from its own file), with as many readers as the store uses: the storage floor's rate
+/// for the same request shape.
+fn disk_rate(inv: &Inventory, index: &ExpertIndex, readers: usize, run: usize) -> Result<f64> {
+    let all: Vec<&ExpertSpan> = index.spans.iter().flatten().collect();
+    if all.is_empty() {
+        return Ok(f64::INFINITY);
+    }
+    let mut jobs = Vec::new();
+    let mut total = 0u64;
+    for k in 0..48usize {
+        let span = all[(k * 7919 + run * 104_729) % all.len()];
+        for (p, &(start, len)) in span.parts.iter().enumerate() {
+            jobs.push((span.part_shard(p), vec![(start, len)]));
+            total += len;
+        }
+    }
+    let paths: Vec<_> = (0..inv.shards.len()).map(|i| inv.shard_path(i)).collect();
+    let t0 = Instant::now();
+    raw_read_jobs(&paths, &jobs, readers)?;
+    Ok(total as f64 / t0.elapsed().as_secs_f64())
 }
 
 /// Runs the bench; `emit` gets one JSON line per run and a summary.
 pub fn decode_floor(
     root: &Path,
+    expert_ram: Option<u64>,
     prompt_len: usize,
     decode: usize,
     runs: usize,
@@ -77,6 +85,7 @@ pub fn decode_floor(
     let family = deltafin::models::family(root)?;
     let load = LoadOptions {
         max_batch: None,
+        expert_ram,
         ..Default::default()
     };
     let mut report = |p: &deltafin::runtime::memory::MemoryPlan| eprintln!("{p}");
@@ -99,7 +108,7 @@ pub fn decode_floor(
         let t0 = Instant::now();
         std::hint::black_box(stream_read(std::hint::black_box(&words)));
         let bw = (words.len() * 8) as f64 / t0.elapsed().as_secs_f64();
-        let disk = disk_rate(&inv, run)?;
+        let disk = disk_rate(&inv, &index, load.store.readers, run)?;
         let mut state = model.new_state();
         let mut logits = model.forward(&prompt, &mut state)?.to_vec1::<f32>()?;
         let (read0, routed0) = (read(model.as_ref()), routed.0.load(Ordering::Relaxed));

@@ -158,6 +158,10 @@ pub enum BenchKind {
         /// draft right; the bound of the verify pass, not a drafter).
         #[arg(long)]
         oracle_drafts: bool,
+        /// With `--floor` on mapped dense weights: the expert RAM tier in GB (default: the
+        /// plan's share).
+        #[arg(long)]
+        ram_gb: Option<f64>,
     },
     /// Concurrent streams through the batch scheduler: aggregate tokens/s, per-request ms per
     /// token (median, p95), spine and expert bytes per emitted token for each batch size, the

@@ -165,6 +165,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             stream_spine,
             cold_spine,
             oracle_drafts,
+            ram_gb,
         } => {
             // Mapped dense weights (no spine store): the family-blind decode measurement.
             use deltafin::runtime::family::DenseWeights;
@@ -178,6 +179,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 }
                 return crate::bench::decode::decode_floor(
                     &model_root,
+                    ram_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
                     prompt_len,
                     decode,
                     runs,

@@ -35,11 +35,15 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Write a test/benchmark checkpoint in K3's exact on-disk format.
+    /// Write a test/benchmark checkpoint in a family's published format (no name: list them).
     Fixture {
-        /// Which fixture.
-        #[command(subcommand)]
-        kind: fixture::FixtureKind,
+        /// The fixture (`nano`, `medium`, `slice`, `k3-full`, `gpt-oss-tiny`, `qwen3-moe`, ...).
+        name: Option<String>,
+        /// Output directory.
+        dir: Option<PathBuf>,
+        /// The fixture's options (`--seed N`, ...; `deltafin fixture` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Print the inventory of a checkpoint directory (tensors, shards, expert spans).
     Inventory {
@@ -133,7 +137,7 @@ pub enum Command {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Fixture { kind } => fixture::write(kind)?,
+        Command::Fixture { name, dir, args } => fixture::write(name, dir, &args)?,
         Command::Inventory { dir, json } => {
             let inv = Inventory::from_dir(&dir)?;
             let ex = deltafin::models::family(&dir)?.expert_index(&dir, &inv)?;
