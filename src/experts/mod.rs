@@ -110,11 +110,17 @@ pub fn read_span_into(
         &span.parts
     };
     let mut o = 0usize;
+    let mut open: Option<(usize, Arc<std::fs::File>)> = None;
     for (p, &(start, n)) in parts.iter().enumerate() {
         // A contiguous span is one part of `span.shard`; a split one names each part's shard.
+        // The file is looked up (and advised) once per shard, not once per part.
         let shard = span.part_shard(p);
-        let f = files.get(shard)?;
-        disk::no_cache_on_open(&f, advice);
+        if open.as_ref().is_none_or(|(s, _)| *s != shard) {
+            let f = files.get(shard)?;
+            disk::no_cache_on_open(&f, advice);
+            open = Some((shard, f));
+        }
+        let Some((_, f)) = &open else { continue };
         f.read_exact_at(&mut buf[o..o + n as usize], start)
             .map_err(|e| Error::io(files.inventory().shard_path(shard), e))?;
         disk::drop_from_page_cache(&f, start, n, advice);

@@ -37,17 +37,33 @@ impl Observer for Routed {
     }
 }
 
-/// Bytes of the dense tensors one token touches: every layer's, lm_head (or the tied
-/// embedding) and one embedding row.
-fn dense_bytes(inv: &Inventory, layers: usize) -> u64 {
-    let layer: u64 = (0..layers)
-        .flat_map(|l| inv.dense_layer_names(l))
-        .filter_map(|n| inv.get(&n).map(|t| t.len()))
-        .sum();
-    let embed = inv.get("model.embed_tokens.weight");
-    let head = inv.get("lm_head.weight").or(embed).map_or(0, |t| t.len());
-    let row = embed.map_or(0, |t| t.len() / t.shape[0].max(1) as u64);
-    layer + head + row
+/// Bytes of the dense tensors one token touches, found without the family's names: every
+/// tensor that holds no routed expert, except that of the `[vocab, …]` tables (the embedding and
+/// an untied lm_head) one is read whole (the output projection) and the others one row each.
+fn dense_bytes(inv: &Inventory, index: &ExpertIndex, vocab: usize) -> u64 {
+    let expert_starts: std::collections::HashSet<(usize, u64)> = index
+        .spans
+        .iter()
+        .flatten()
+        .flat_map(|s| (0..s.parts.len()).map(move |p| (s.part_shard(p), s.parts[p].0)))
+        .collect();
+    let dense = inv
+        .iter()
+        .map(|(_, t)| t)
+        .filter(|t| !expert_starts.contains(&(t.shard, t.start)));
+    let (mut total, mut tables) = (0u64, Vec::new());
+    for t in dense {
+        match t.shape.first() == Some(&vocab) && t.shape.len() == 2 {
+            true => tables.push(t.len()),
+            false => total += t.len(),
+        }
+    }
+    // The largest table is read whole; each other is one row.
+    tables.sort_unstable();
+    if let Some(head) = tables.pop() {
+        total += head + tables.iter().map(|b| b / vocab as u64).sum::<u64>();
+    }
+    total
 }
 
 /// Raw parallel `O_DIRECT` read rate (bytes/s) of 48 experts' spans picked by `run` (each
@@ -95,7 +111,7 @@ pub fn decode_floor(
     let inv = Inventory::from_dir(root)?;
     let index = family.expert_index(root, &inv)?;
     let expert = index.layout.span_bytes();
-    let dense = dense_bytes(&inv, index.spans.len());
+    let dense = dense_bytes(&inv, &index, model.vocab_size());
     let vocab = model.vocab_size().min(4096) as u32;
     let prompt: Vec<u32> = (0..prompt_len.max(1) as u32)
         .map(|i| (i * 7919 + 13) % vocab)
