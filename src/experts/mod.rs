@@ -123,7 +123,7 @@ pub fn read_span_into(
         let Some((_, f)) = &open else { continue };
         f.read_exact_at(&mut buf[o..o + n as usize], start)
             .map_err(|e| Error::io(files.inventory().shard_path(shard), e))?;
-        disk::drop_from_page_cache(&f, start, n, advice);
+        disk::drop_from_page_cache(f, start, n, advice);
         o += n as usize;
     }
     Ok(())
