@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use deltafin::checkpoint::rng::Rng;
-use deltafin::tokenizer::{Tokenizer, K3_PATTERN};
+use deltafin::tokenizer::{Tokenizer, TIKTOKEN_PATTERN};
 
 fn text(mb: usize) -> String {
     let words = [
@@ -80,10 +80,10 @@ fn main() -> anyhow::Result<()> {
     let n = 199_998u32;
     let ranks: Vec<Vec<u8>> = bpe._decode_native_and_split((0..n).collect()).collect();
     let t0 = Instant::now();
-    let ours = Tokenizer::new(ranks.clone(), vec![], K3_PATTERN)?;
+    let ours = Tokenizer::new(ranks.clone(), vec![], TIKTOKEN_PATTERN)?;
     let build_s = t0.elapsed().as_secs_f64();
     // Without tiktoken's 25,000-character run split, so the 1 MiB piece stays one piece.
-    let whole = Tokenizer::new(ranks, vec![], K3_PATTERN)?.with_safety_split(false);
+    let whole = Tokenizer::new(ranks, vec![], TIKTOKEN_PATTERN)?.with_safety_split(false);
     let s = text(mb);
     let bytes = s.len() as f64 / 1e6;
     let (mut ours_mbs, mut ref_mbs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());

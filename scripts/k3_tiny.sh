@@ -14,11 +14,12 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$repo/target/k3-tiny-build}
 bin=$repo/target/release/deltafin
-(cd "$repo" && cargo build --release --bin deltafin)
+k3=$repo/target/release/deltafin-k3
+(cd "$repo" && cargo build --release --bin deltafin --bin deltafin-k3)
 bash "$repo/scripts/corpus.sh" "$work/corpus"
-"$bin" train-tokenizer --text "$work/corpus/train.txt" --vocab 4096 --out "$work/tokenizer"
+"$k3" train-tokenizer --text "$work/corpus/train.txt" --vocab 4096 --out "$work/tokenizer"
 # One thread: the step's matrices are small, a second thread gained under 5% (measured).
-RAYON_NUM_THREADS=1 "$bin" train --text "$work/corpus/train.txt" --tokenizer "$work/tokenizer" \
+RAYON_NUM_THREADS=1 "$k3" train --text "$work/corpus/train.txt" --tokenizer "$work/tokenizer" \
     --out "$work/k3-tiny" --work "$work/train" --steps 1700 --warmup 50 --seq 512 --batch 4 \
     --chat-fraction 0.1 --heldout "$repo/data/heldout/persuasion.txt"
 "$bin" eval --model-root "$work/k3-tiny" --text "$repo/data/heldout/persuasion.txt" --window 512 \

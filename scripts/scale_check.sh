@@ -18,7 +18,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/deltafin-scale.XXXXXX")
 # (`kill 0` would signal the whole process group, this script included: only a started server.)
 trap 'if [ -n "${server:-}" ]; then kill "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 bin=target/release/deltafin
-[ -x "$bin" ] || cargo build --release --quiet
+[ -x "$bin" ] && [ -x "${bin}-k3" ] || cargo build --release --quiet
 "$bin" fixture k3-full "$work/k3"
 "$bin" fixture k3-full "$work/k3s1" --seed 1
 "$bin" fixture k3-full "$work/k3p4" --layers 4 --seed 2
@@ -53,7 +53,7 @@ big=$(cat "$work/default.json.pinned"); small=$(cat "$work/small.json.pinned")
 # The second seed's routing: a 128-token prompt and 3 decoded tokens (one run covers both).
 check_run prompt128 "$work/k3s1" "$(ids 128 128)" 3
 
-"$bin" bench prefill --model-root "$work/k3p4" --lengths 512 --runs 1 --id-max 4096 \
+"${bin}-k3" bench prefill --model-root "$work/k3p4" --lengths 512 --runs 1 --id-max 4096 \
   --no-chunk-major >"$work/prefill.jsonl" 2>"$work/prefill.log" || { tail -20 "$work/prefill.log"; exit 1; }
 python3 - "$work/prefill.jsonl" <<'PY'
 import json, sys

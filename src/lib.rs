@@ -59,6 +59,7 @@ pub mod install;
 pub mod installed;
 pub mod kernels;
 pub mod layers;
+pub mod measure;
 pub mod models;
 pub mod moe;
 pub mod mxfp4;

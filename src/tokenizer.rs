@@ -1,5 +1,6 @@
-//! K3's tokenizer: `tiktoken.model` ranks run as a `tokenizers::Tokenizer` (byte-level BPE with
-//! K3's split regex, built in `hf`), the 256 reserved specials named by `tokenizer_config.json`
+//! Tokenizers from a checkpoint's files: a `tokenizer.json`, or a `tiktoken.model` (Kimi's
+//! format) whose ranks run as a `tokenizers::Tokenizer` (byte-level BPE with the format's split
+//! regex, built in `hf`), the 256 reserved specials named by `tokenizer_config.json`
 //! (recognised only where the caller allows), tiktoken's safety split of very long inputs, lossy
 //! UTF-8 decoding and an incremental decoder for streaming. Ours: reading `tiktoken.model` and
 //! the specials, and decoding from the rank bytes.
@@ -11,8 +12,10 @@ use base64::Engine;
 
 use crate::{Error, Result};
 
-/// K3's pre-tokenisation pattern (spec §4.1), the eight alternatives joined by `|`.
-pub const K3_PATTERN: &str = concat!(
+/// The split pattern of the `tiktoken.model` format (the files Kimi models ship; spec §4.1):
+/// the files hold ranks and specials but not the pattern, so here it is part of the format.
+/// The eight alternatives joined by `|`.
+pub const TIKTOKEN_PATTERN: &str = concat!(
     r"[\p{Han}]+",
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -166,7 +169,7 @@ impl Tokenizer {
         Self::new(
             tokens,
             named.into_iter().map(|(i, s)| (s, i)).collect(),
-            K3_PATTERN,
+            TIKTOKEN_PATTERN,
         )
     }
 

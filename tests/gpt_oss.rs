@@ -235,7 +235,7 @@ fn the_memory_plan_sizes_the_model_and_refuses_what_does_not_fit() {
 /// ids are the config's `<|return|>` and harmony's `<|call|>`.
 #[test]
 fn the_full_shape_tokenizer_has_o200k_harmony_layout() {
-    use deltafin::chat::format::harmony_ids;
+    use deltafin::chat::harmony_ids;
     use deltafin::models::gpt_oss::fixture::write_tokenizer_json;
     let d = tempfile::tempdir().unwrap();
     let shape = GptOssShape::gpt_oss_120b();

@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::atomic::AtomicBool;
 
-use deltafin::chat::{ChatFormat, ChatOptions, Message};
+use deltafin::chat::{ChatOptions, Message};
 use deltafin::engine::prompt_cache::PromptCacheOptions;
 use deltafin::engine::EngineOptions;
 use deltafin::experts::TieredOptions;
@@ -105,7 +105,7 @@ fn scripted_turn(
 fn session_speculation_and_prompt_cache_match_the_models_loop() {
     let d = tiny(5);
     let mut e = engine(d.path());
-    assert_eq!(e.chat_format(), ChatFormat::Harmony);
+    assert_eq!(e.chat_format().name(), "harmony");
     let want = reference(d.path(), &prompt(), 48);
     let no = AtomicBool::new(false);
     let run = |e: &Engine, spec| {

@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use deltafin::chat::{ChatFormat, ChatOptions, Message};
+use deltafin::chat::{ChatOptions, Message};
 use deltafin::engine::prompt_cache::PromptCacheOptions;
 use deltafin::engine::EngineOptions;
 use deltafin::hub::mock::MockHub;
@@ -52,7 +52,7 @@ fn generate(e: &Engine, n: usize, spec: Speculation) -> Vec<u32> {
 fn engine_speculation_prompt_cache_and_chatml_turns() {
     let d = fixture(3, 3);
     let mut e = Engine::open(d.path(), &EngineOptions::default()).unwrap();
-    assert_eq!(e.chat_format(), ChatFormat::ChatMl);
+    assert_eq!(e.chat_format().name(), "chatml");
     // The model's own loop.
     let m = e.model();
     let mut s = m.new_state();
@@ -177,6 +177,15 @@ fn server_answers_concurrent_requests_as_each_alone() {
     let (code, _, b) = client::http(addr, "POST", "/v1/chat/completions", &tools.to_string());
     assert_eq!(code, 400, "{b}");
     assert!(b.contains("ChatML"), "{b}");
+    // JSON masks need a format that steers replies: refused, naming this one.
+    let mut json_mode = chat.clone();
+    json_mode["response_format"] = json!({"type": "json_object"});
+    let (code, _, b) = client::http(addr, "POST", "/v1/chat/completions", &json_mode.to_string());
+    assert_eq!(code, 400, "{b}");
+    assert!(
+        b.contains("(chatml)") && b.contains("response_format"),
+        "{b}"
+    );
 }
 
 fn deltafin(hub: &MockHub, args: &[&str], root: &Path) -> Value {

@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use deltafin::chat::{encode_marked, ChatFormat, ChatOptions, Message};
+use deltafin::chat::{encode_marked, ChatFormat, ChatOptions, Harmony, Message};
 use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
 use deltafin::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -65,7 +65,7 @@ fn renders_what_serve_feeds_on_gpt_oss() {
     // The ids are the library's own rendering of the same conversation.
     let tok = Tokenizer::from_dir(d.path()).unwrap();
     let opts = ChatOptions {
-        effort: Some(ChatFormat::Harmony.effort(None, None).unwrap()),
+        effort: Some(Harmony.effort(None, None).unwrap()),
         date: Some("2026-12-04".into()),
         ..Default::default()
     };
@@ -73,7 +73,7 @@ fn renders_what_serve_feeds_on_gpt_oss() {
         Message::new("system", "Be brief."),
         Message::new("user", "Hi"),
     ];
-    let (segs, marks) = ChatFormat::Harmony.render(&msgs, &opts).unwrap();
+    let (segs, marks) = Harmony.render(&msgs, &opts).unwrap();
     let want = encode_marked(&tok, &segs, &marks).0;
     let got: Vec<u32> = serde_json::from_value(out[0]["ids"].clone()).unwrap();
     assert_eq!(got, want);

@@ -84,7 +84,11 @@ fn o200k_parity() {
 
 /// Runs the binary with `args` and then `dir`, asserting it succeeded.
 fn deltafin(args: &[&str], dir: &std::path::Path) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    run_bin(env!("CARGO_BIN_EXE_deltafin"), args, dir)
+}
+
+fn run_bin(bin: &str, args: &[&str], dir: &std::path::Path) {
+    let out = std::process::Command::new(bin)
         .args(args)
         .arg(dir)
         .output()
@@ -125,13 +129,14 @@ fn exported_tokenizer_json_encodes_the_same() {
     }
 }
 
-/// `deltafin train-tokenizer` writes K3-format tokenizer files (ranks, then K3's specials) that
+/// `deltafin-k3 train-tokenizer` writes K3-format tokenizer files (ranks, then K3's specials) that
 /// load as a model's tokenizer and encode the training text reversibly in far fewer tokens.
 #[test]
 fn train_tokenizer_writes_k3_format_files() {
     let dir = tempfile::tempdir().unwrap();
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/data/heldout/persuasion.txt");
-    deltafin(
+    run_bin(
+        env!("CARGO_BIN_EXE_deltafin-k3"),
         &["train-tokenizer", "--text", text, "--vocab", "600", "--out"],
         dir.path(),
     );

@@ -106,16 +106,17 @@ fn trainer_logits_equal_the_inference_model_on_exported_weights() {
     assert!(moved > worst, "quantisation left the logits unchanged");
 }
 
-/// `deltafin train` checkpoints, resumes where it stopped, and exports a model `run` loads.
+/// `deltafin-k3 train` checkpoints, resumes where it stopped, and exports a model `run` loads;
+/// `compare-fp32` scores the trained fp32 network against the export.
 #[test]
 fn train_command_resumes_and_exports_a_loadable_model() {
-    use common::{deltafin_cmd, deltafin_ok};
+    use common::{deltafin_ok, k3_tools_cmd, k3_tools_ok};
     let d = tempfile::tempdir().unwrap();
     let p = |n: &str| d.path().join(n).display().to_string();
     let full = include_str!("../data/heldout/persuasion.txt");
     std::fs::write(d.path().join("text.txt"), &full[..20_000]).unwrap();
     let text = &p("text.txt");
-    deltafin_ok(&[
+    k3_tools_ok(&[
         "train-tokenizer",
         "--text",
         text,
@@ -160,7 +161,7 @@ fn train_command_resumes_and_exports_a_loadable_model() {
     };
     let train = |steps: &'static str| {
         let a = train_args(steps, "0", p("model"));
-        deltafin_ok(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+        k3_tools_ok(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     };
     train("2");
     let state = || -> serde_json::Value {
@@ -198,9 +199,31 @@ fn train_command_resumes_and_exports_a_loadable_model() {
     ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["generated_ids"].as_array().unwrap().len(), 4);
+    let out = k3_tools_ok(&[
+        "compare-fp32",
+        "--model-root",
+        &model,
+        "--work",
+        &work,
+        "--text",
+        text,
+        "--window",
+        "16",
+        "--max-tokens",
+        "64",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v["report"];
+    assert!(r["positions"].as_u64().unwrap() > 0, "{v}");
+    let top1 = r["top1_agreement"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&top1), "{v}");
+    // The export is the fp32 network quantised: the two score the text alike (a model of a
+    // few steps is near uniform, so top-1 agreement says little here).
+    let (a, b) = (r["nll_a"].as_f64().unwrap(), r["nll_b"].as_f64().unwrap());
+    assert!((a - b).abs() < 0.05 * a, "{v}");
     // A different run (another seed) refuses the checkpoint rather than mixing them.
     let a = train_args("4", "9", p("model2"));
-    let err = deltafin_cmd(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    let err = k3_tools_cmd(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
     assert!(!err.status.success());
     assert!(String::from_utf8_lossy(&err.stderr).contains("another --work"));
 }

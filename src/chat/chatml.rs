@@ -5,12 +5,51 @@
 //! template does with `enable_thinking=False`. Earlier assistant turns render their content
 //! only (the template drops their reasoning), so each turn renders the whole history. A tool
 //! result renders as a user turn's `<tool_response>`. Declaring tools and JSON response
-//! schemas is not implemented for ChatML (refused by name). Owns the rendering and the reply
-//! splitter; the dispatch is `format.rs`'s.
+//! schemas is not implemented for ChatML (refused by name). Owns the rendering, the reply
+//! splitter and `ChatMl`, the format as a `ChatFormat`.
 
-use super::{ChatOptions, Delta, Message, Phase, Segment};
+use std::sync::Arc;
+
+use super::format::{ChatFormat, ReplySplitter};
+use super::{ChatOptions, Delta, Effort, Message, Phase, Segment};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::{Error, Result};
+
+/// ChatML with Qwen3's think block: renders the whole history each turn, defaults to
+/// `medium` effort, ends a reply at `<|im_end|>` or `<|endoftext|>`.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatMl;
+
+impl ChatFormat for ChatMl {
+    fn name(&self) -> &'static str {
+        "chatml"
+    }
+
+    fn render(
+        &self,
+        messages: &[Message],
+        opts: &ChatOptions,
+    ) -> Result<(Vec<Segment>, Vec<usize>)> {
+        render_marked(messages, opts)
+    }
+
+    fn default_effort(&self) -> Effort {
+        Effort::Medium
+    }
+
+    fn end_ids(&self, tok: &Tokenizer) -> Vec<u32> {
+        end_ids(tok)
+    }
+
+    fn splitter(
+        &self,
+        tok: &Arc<Tokenizer>,
+        _thinking: bool,
+        _calls: bool,
+    ) -> Result<Box<dyn ReplySplitter>> {
+        Ok(Box::new(ChatMlReply::new(tok)))
+    }
+}
 
 /// Opens a message.
 pub const IM_START: &str = "<|im_start|>";
@@ -83,7 +122,7 @@ pub fn end_ids(tok: &Tokenizer) -> Vec<u32> {
 /// `<|im_end|>`; one decoder per part, so a code point split across tokens is never split
 /// across parts, and the newlines the template puts around the think block are dropped.
 #[derive(Debug)]
-pub struct ChatMlReply {
+struct ChatMlReply {
     think: Option<u32>,
     think_end: Option<u32>,
     ends: Vec<u32>,
@@ -95,7 +134,7 @@ pub struct ChatMlReply {
 
 impl ChatMlReply {
     /// A splitter for one reply in `tok`'s vocabulary.
-    pub fn new(tok: &Tokenizer) -> Self {
+    fn new(tok: &Tokenizer) -> Self {
         ChatMlReply {
             think: tok.special_id(THINK),
             think_end: tok.special_id(THINK_END),
@@ -107,7 +146,7 @@ impl ChatMlReply {
     }
 
     /// Decodes token `id` and returns the deltas now certain.
-    pub fn push_id(&mut self, tok: &Tokenizer, id: u32) -> Vec<Delta> {
+    fn push(&mut self, tok: &Tokenizer, id: u32) -> Vec<Delta> {
         if self.phase == Phase::Done {
             return Vec::new();
         }
@@ -147,7 +186,7 @@ impl ChatMlReply {
     }
 
     /// What the decoders still hold.
-    pub fn flush(&mut self) -> Vec<Delta> {
+    fn flush(&mut self) -> Vec<Delta> {
         let r = self.decoders[0].finish();
         let c = self.decoders[1].finish();
         [self.emit(0, r), self.emit(1, c)]
@@ -155,10 +194,23 @@ impl ChatMlReply {
             .flatten()
             .collect()
     }
+}
 
-    /// Where the reply is.
-    pub fn phase(&self) -> Phase {
+impl ReplySplitter for ChatMlReply {
+    fn push_id(&mut self, tok: &Tokenizer, _dec: &mut StreamDecoder, id: u32) -> Vec<Delta> {
+        self.push(tok, id)
+    }
+
+    fn finish(&mut self, _dec: &mut StreamDecoder) -> Vec<Delta> {
+        self.flush()
+    }
+
+    fn phase(&self) -> Phase {
         self.phase
+    }
+
+    fn done(&self) -> bool {
+        self.phase == Phase::Done
     }
 }
 

@@ -97,23 +97,17 @@ fn attribute_values_are_escaped_and_history_renders() {
     assert!(t.ends_with("<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>"));
     // K3's renderer refuses medium (as a request, a default, or set directly); harmony's
     // default is medium, K3's max.
-    use crate::chat::ChatFormat;
-    assert!(ChatFormat::Xtml.effort(Some("medium"), None).is_err());
-    assert!(ChatFormat::Xtml.effort(None, Some("medium")).is_err());
+    use crate::chat::{ChatFormat, Harmony, Xtml};
+    assert!(Xtml.effort(Some("medium"), None).is_err());
+    assert!(Xtml.effort(None, Some("medium")).is_err());
     let medium = ChatOptions {
         effort: Some(Effort::Medium),
         ..Default::default()
     };
     assert!(render(&[], &medium).is_err());
-    assert_eq!(
-        ChatFormat::Xtml.effort(Some("low"), Some("high")).unwrap(),
-        Effort::Low
-    );
-    assert_eq!(ChatFormat::Xtml.effort(None, None).unwrap(), Effort::Max);
-    assert_eq!(
-        ChatFormat::Harmony.effort(None, None).unwrap(),
-        Effort::Medium
-    );
+    assert_eq!(Xtml.effort(Some("low"), Some("high")).unwrap(), Effort::Low);
+    assert_eq!(Xtml.effort(None, None).unwrap(), Effort::Max);
+    assert_eq!(Harmony.effort(None, None).unwrap(), Effort::Medium);
     assert!(Effort::parse("minimal").is_err());
     let tools = serde_json::json!([{"name": "f", "b": 1, "a": {"z": 1, "y": 2}}]);
     let t = segments_text(

@@ -227,6 +227,13 @@ impl ExpertIndex {
             .count()
     }
 
+    /// The MoE layers (those holding experts), in order.
+    pub fn moe_layers(&self) -> Vec<usize> {
+        (0..self.spans.len())
+            .filter(|&l| !self.spans[l].is_empty())
+            .collect()
+    }
+
     /// Number of experts in total.
     pub fn count(&self) -> usize {
         self.spans.iter().map(|l| l.len()).sum()

@@ -125,7 +125,7 @@ impl Engine {
     }
 
     /// The model's chat format.
-    pub fn chat_format(&self) -> ChatFormat {
+    pub fn chat_format(&self) -> &'static dyn ChatFormat {
         self.model.chat_format()
     }
 

@@ -32,7 +32,7 @@ pub trait RowModel: RowPass {
     /// The ids that end a reply.
     fn stop_ids(&self) -> Vec<u32>;
     /// The chat format the model was trained on.
-    fn chat_format(&self) -> ChatFormat;
+    fn chat_format(&self) -> &'static dyn ChatFormat;
     /// The memory plan it was opened under.
     fn plan(&self) -> Option<&MemoryPlan>;
     /// The expert store.
@@ -90,7 +90,7 @@ impl<T: RowModel> Model for T {
         RowModel::stop_ids(self)
     }
 
-    fn chat_format(&self) -> ChatFormat {
+    fn chat_format(&self) -> &'static dyn ChatFormat {
         RowModel::chat_format(self)
     }
 

@@ -41,7 +41,7 @@ pub trait ModelFamily: Send + Sync {
     fn model_types(&self) -> &'static [&'static str];
 
     /// The chat format its checkpoints were trained on.
-    fn chat_format(&self) -> ChatFormat;
+    fn chat_format(&self) -> &'static dyn ChatFormat;
 
     /// The model id the OpenAI server reports and accepts unless told another
     /// (`deltafin-` and the first `model_type`, `_` as `-`: `deltafin-kimi-k3`).

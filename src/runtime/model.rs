@@ -111,7 +111,7 @@ pub trait Model: Send + Sync {
     fn stop_ids(&self) -> Vec<u32>;
 
     /// The chat format the model was trained on.
-    fn chat_format(&self) -> ChatFormat;
+    fn chat_format(&self) -> &'static dyn ChatFormat;
 
     /// Adds an observer to every pass.
     fn observe(&mut self, o: Arc<dyn Observer>);

@@ -17,9 +17,7 @@ use super::queue::{reserve, start, ChatMode, Ev};
 use super::sse::{collect, sse, ChunkFn, LogprobFn};
 use super::validate::{self, ApiError, JsonFormat, Sampling};
 use super::{error, tools, AppState};
-use crate::chat::{
-    encode_marked, token_table, ChatFormat, Delta, JsonMask, JsonReply, ToolChoice, ToolForcer,
-};
+use crate::chat::{encode_marked, token_table, Delta, JsonMask, JsonReply, ToolChoice, ToolForcer};
 use crate::tokenizer::Tokenizer;
 
 /// `/v1/models`.
@@ -147,21 +145,23 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         Ok(o) => o,
         Err(e) => return error(e),
     };
-    // Harmony (gpt-oss) renders tools and parses calls; forcing a call and the JSON masks
-    // are XTML's so far.
+    // Every format renders tools and parses calls; forcing a call and the JSON masks need a
+    // format that steers replies.
     let forced = matches!(
         req.tools.choice,
         ToolChoice::Required | ToolChoice::Function(_)
     );
-    if format != ChatFormat::Xtml && (req.json.is_some() || (req.tools.tools.is_some() && forced)) {
+    if !format.steers_replies() && (req.json.is_some() || (req.tools.tools.is_some() && forced)) {
         return error(ApiError::bad(
             if req.json.is_some() {
                 "response_format"
             } else {
                 "tool_choice"
             },
-            "this model's chat format (harmony) supports tool_choice auto and none, and no response_format yet"
-                .to_string(),
+            format!(
+                "this model's chat format ({}) supports tool_choice auto and none, and no response_format yet",
+                format.name()
+            ),
         ));
     }
     // The splitter the reply will need (harmony's specials must be in the vocabulary).
@@ -186,7 +186,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
         forcer: t
             .tools
             .as_ref()
-            .filter(|_| format == ChatFormat::Xtml)
+            .filter(|_| format.steers_replies())
             .and_then(|_| ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel)),
         json: req.json.as_ref().and_then(|f| {
             let tok = st.engine.tokenizer();

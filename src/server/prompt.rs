@@ -11,7 +11,7 @@ use crate::tokenizer::Tokenizer;
 /// format's; `date`: harmony's `Current date:`).
 pub fn chat_options(
     req: &ChatRequest,
-    format: ChatFormat,
+    format: &dyn ChatFormat,
     default_effort: Option<&str>,
     date: Option<String>,
 ) -> Result<ChatOptions, ApiError> {
@@ -41,7 +41,7 @@ pub fn chat_options(
 /// after the preamble and after each message.
 pub fn render_chat(
     body: &[u8],
-    format: ChatFormat,
+    format: &dyn ChatFormat,
     tok: &Tokenizer,
     default_effort: Option<&str>,
     date: Option<String>,

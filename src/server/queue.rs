@@ -12,7 +12,7 @@ use super::logprobs::TokenLogprob;
 use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
-use crate::chat::{ChatSplitter, Delta, JsonReply, ReplySplitter, ToolForcer};
+use crate::chat::{Delta, JsonReply, ToolForcer, Xtml};
 use crate::engine::batch::{Request, SeqEvent};
 use crate::runtime::generate::sample::Sampler;
 use crate::runtime::generate::StopReason;
@@ -114,7 +114,7 @@ fn listener(
         .engine
         .chat_format()
         .splitter(st.engine.tokenizer_arc(), thinking, calls)
-        .unwrap_or_else(|_| ReplySplitter::Xtml(ChatSplitter::new(thinking).with_tools(calls)));
+        .unwrap_or_else(|_| Xtml::reply(thinking, calls));
     let mut called = false;
     let mut stop = StopMatcher::new(stops);
     // Tokens up to the one that completed a stop sequence (the rest are dropped).

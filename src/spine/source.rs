@@ -335,6 +335,8 @@ impl Spine {
             layers_streamed: self.pinned.len() - pinned,
             resident_bytes: self.layer_bytes.iter().sum::<u64>() - streamed_bytes,
             bytes_read_per_token: streamed_bytes,
+            direct: self.direct(),
+            streamed_files: self.streamed_files(),
         }
     }
 
@@ -400,6 +402,12 @@ pub struct SpineReport {
     pub resident_bytes: u64,
     /// Spine bytes read per token.
     pub bytes_read_per_token: u64,
+    /// Whether streamed layers are read with `O_DIRECT`.
+    pub direct: bool,
+    /// The store files of the streamed layers (empty when the spine comes from the shards):
+    /// the bytes a token re-reads, which a storage bound should be measured on.
+    #[serde(skip)]
+    pub streamed_files: Vec<std::path::PathBuf>,
 }
 
 fn ser_format<S: serde::Serializer>(f: &SpineFormat, s: S) -> std::result::Result<S::Ok, S::Error> {

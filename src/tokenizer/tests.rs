@@ -9,7 +9,7 @@ fn fixture_tok() -> Tokenizer {
         ("<|end_of_msg|>".to_string(), n + 2),
         ("<|open|>".to_string(), n + 3),
     ];
-    Tokenizer::new(ranks, specials, K3_PATTERN).unwrap()
+    Tokenizer::new(ranks, specials, TIKTOKEN_PATTERN).unwrap()
 }
 
 /// The pieces the pipeline's pre-tokenizer (K3's split pattern) cuts `s` into.

@@ -72,7 +72,7 @@ fn train(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::{Tokenizer, K3_PATTERN};
+    use crate::tokenizer::{Tokenizer, TIKTOKEN_PATTERN};
 
     /// Ranks trained on the held-out novel's first 200 KB: the trainer's own tokenizer and ours
     /// (tiktoken's rule over the ranks) encode the text the same, and it decodes back.
@@ -86,9 +86,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("t.txt");
         std::fs::write(&f, &text).unwrap();
-        let (ranks, trained) = train(&[&f], 1000, K3_PATTERN).unwrap();
+        let (ranks, trained) = train(&[&f], 1000, TIKTOKEN_PATTERN).unwrap();
         assert_eq!(ranks.len(), 1000);
-        let ours = Tokenizer::new(ranks.clone(), vec![], K3_PATTERN).unwrap();
+        let ours = Tokenizer::new(ranks.clone(), vec![], TIKTOKEN_PATTERN).unwrap();
         let ids = ours.encode_ordinary(&text);
         let theirs = trained
             .encode(text.as_str(), false)

@@ -134,6 +134,26 @@ pub fn deltafin_cmd(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Runs K3's tools binary `deltafin-k3` with `args` (one rayon thread), asserting success.
+pub fn k3_tools_ok(args: &[&str]) -> std::process::Output {
+    let out = k3_tools_cmd(args);
+    assert!(
+        out.status.success(),
+        "deltafin-k3 {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs K3's tools binary `deltafin-k3` with `args` (one rayon thread).
+pub fn k3_tools_cmd(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_deltafin-k3"))
+        .args(args)
+        .env("RAYON_NUM_THREADS", "1")
+        .output()
+        .unwrap()
+}
+
 /// `deltafin_cmd`, asserting that it succeeded.
 pub fn deltafin_ok(args: &[&str]) -> std::process::Output {
     let out = deltafin_cmd(args);

@@ -28,8 +28,8 @@ impl RowModel for GptOssModel {
         self.config().eos_ids().unwrap_or_default()
     }
 
-    fn chat_format(&self) -> ChatFormat {
-        ChatFormat::Harmony
+    fn chat_format(&self) -> &'static dyn ChatFormat {
+        &crate::chat::Harmony
     }
 
     fn plan(&self) -> Option<&MemoryPlan> {

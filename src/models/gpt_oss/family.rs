@@ -33,8 +33,8 @@ impl ModelFamily for GptOss {
         &["gpt_oss"]
     }
 
-    fn chat_format(&self) -> ChatFormat {
-        ChatFormat::Harmony
+    fn chat_format(&self) -> &'static dyn ChatFormat {
+        &crate::chat::Harmony
     }
 
     fn fixtures(&self) -> &'static [crate::runtime::fixtures::Fixture] {

@@ -62,8 +62,8 @@ impl Model for K3Model {
         vec![self.config().eos_token_id]
     }
 
-    fn chat_format(&self) -> ChatFormat {
-        ChatFormat::Xtml
+    fn chat_format(&self) -> &'static dyn ChatFormat {
+        &crate::chat::Xtml
     }
 
     fn pass_len(&self) -> usize {

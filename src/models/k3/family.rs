@@ -35,8 +35,8 @@ impl ModelFamily for K3 {
         &["kimi_k3"]
     }
 
-    fn chat_format(&self) -> ChatFormat {
-        ChatFormat::Xtml
+    fn chat_format(&self) -> &'static dyn ChatFormat {
+        &crate::chat::Xtml
     }
 
     fn fixtures(&self) -> &'static [crate::runtime::fixtures::Fixture] {

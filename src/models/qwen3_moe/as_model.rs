@@ -28,8 +28,8 @@ impl RowModel for Qwen3MoeModel {
         self.config().eos_ids().unwrap_or_default()
     }
 
-    fn chat_format(&self) -> ChatFormat {
-        ChatFormat::ChatMl
+    fn chat_format(&self) -> &'static dyn ChatFormat {
+        &crate::chat::ChatMl
     }
 
     fn plan(&self) -> Option<&MemoryPlan> {

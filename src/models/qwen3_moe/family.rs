@@ -35,8 +35,8 @@ impl ModelFamily for Qwen3Moe {
         &["qwen3_moe"]
     }
 
-    fn chat_format(&self) -> ChatFormat {
-        ChatFormat::ChatMl
+    fn chat_format(&self) -> &'static dyn ChatFormat {
+        &crate::chat::ChatMl
     }
 
     fn fixtures(&self) -> &'static [crate::runtime::fixtures::Fixture] {

@@ -19,8 +19,9 @@ use deltafin::runtime::load::LoadOptions;
 use deltafin::runtime::observe::{Event, Observer};
 use deltafin::Result;
 
-use super::experts::raw_read_jobs;
-use super::{stream_read, Stats};
+use deltafin::measure::disk::raw_read_jobs;
+use deltafin::measure::memory::stream_read;
+use deltafin::measure::Stats;
 
 /// Counts the distinct experts each pass routes to, summed over layers.
 #[derive(Default)]

@@ -5,9 +5,10 @@
 
 use rayon::prelude::*;
 
-use super::{against_memory, pool};
+use super::pool;
 use deltafin::checkpoint::rng::Rng;
 use deltafin::kernels::dense::{gemm, quantize_row_int8, DenseData, DenseMatrix};
+use deltafin::measure::memory::against_memory;
 use deltafin::Result;
 
 /// K3's KDA projection shape (`q_proj`: 96 heads × 128 by hidden 7168).

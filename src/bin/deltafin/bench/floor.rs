@@ -8,13 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::experts::raw_read_jobs;
-use super::speculate::ColdFiles;
-use super::{stream_read, Stats};
 use deltafin::checkpoint::Inventory;
 use deltafin::experts::drop_from_page_cache_all;
-use deltafin::models::k3::K3Model;
-use deltafin::{Error, Result};
+use deltafin::measure::disk::{raw_read_jobs, ColdFiles};
+use deltafin::measure::memory::stream_read;
+use deltafin::measure::Stats;
+use deltafin::runtime::family::ModelFamily;
+use deltafin::{Error, Model, Result};
 
 /// Settings of the floor bench.
 pub struct FloorOptions {
@@ -80,33 +80,37 @@ fn largest_shard(root: &Path) -> Result<PathBuf> {
 
 /// Runs the bench; one JSON line per token, per run and a summary.
 pub fn floor_bench(
-    model: &mut K3Model,
+    model: &mut dyn Model,
+    family: &dyn ModelFamily,
     root: &Path,
     o: &FloorOptions,
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
-    let mut bound_files = model.spine().streamed_files();
+    let r = model.spine_report().ok_or_else(|| {
+        Error::Msg("this bench measures a spine store; mapped dense weights have their own".into())
+    })?;
+    let mut bound_files = r.streamed_files.clone();
     if bound_files.is_empty() {
         bound_files.push(largest_shard(root)?);
     }
     if o.cold {
         ColdFiles::observe(model, root)?;
     }
-    let cfg = model.config().clone();
-    let r = model.spine().report();
     let all_spine = r.resident_bytes + r.bytes_read_per_token;
     // A decode token's kernels touch the whole spine and each selected expert once.
-    let expert_touch = (cfg.moe_layers().count()
-        * cfg.text().num_experts_per_token
-        * cfg.expert_span_bytes()) as u64;
+    let index = family.expert_index(root, &Inventory::from_dir(root)?)?;
+    let (top_k, _) = model
+        .routing()
+        .ok_or_else(|| Error::Msg("the model reports no routing".into()))?;
+    let expert_touch = (index.moe_layers().len() * top_k) as u64 * index.layout.span_bytes();
     let touched = all_spine + expert_touch;
     emit(
         serde_json::json!({"figure": "floor_setup", "spine_layers_streamed": r.layers_streamed,
         "spine_bytes_read_per_token": r.bytes_read_per_token, "spine_bytes_all": all_spine,
-        "expert_bytes_touched_per_token": expert_touch, "cold": o.cold, "spine_from_store": model.spine().from_store(), "spine_direct": model.spine().direct(), "raw_sample_bytes": RAW_SAMPLE,
+        "expert_bytes_touched_per_token": expert_touch, "cold": o.cold, "spine_from_store": r.from_store, "spine_direct": r.direct, "raw_sample_bytes": RAW_SAMPLE,
         "raw_readers": RAW_READERS, "raw_request_bytes": RAW_REQUEST, "bound_files": bound_files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()}),
     );
-    let vocab = cfg.text().vocab_size as u32;
+    let vocab = model.vocab_size() as u32;
     let prompt: Vec<u32> = (0..o.prompt_len.max(1) as u32)
         .map(|i| (i * 7919 + 13) % vocab)
         .collect();

@@ -2,158 +2,26 @@
 
 pub mod decode;
 pub mod dense;
-pub mod experts;
 pub mod floor;
-pub mod forward;
-pub mod homes;
-pub mod mapped;
-pub mod prefill;
-pub mod prompt_cache;
 pub mod serve;
 pub mod speculate;
-pub mod spine;
 
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use deltafin::checkpoint::rng::Rng;
+use deltafin::measure::forward::ForwardBenchOptions;
+use deltafin::measure::memory::against_memory;
+use deltafin::measure::Stats;
 use deltafin::mxfp4::{self, Kernel, Mxfp4Expert};
 use deltafin::{Error, Result};
-
-/// Median, min and max of a sample.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct Stats {
-    /// Median.
-    pub median: f64,
-    /// Minimum.
-    pub min: f64,
-    /// Maximum.
-    pub max: f64,
-}
-
-impl Stats {
-    /// Summarises values (at least one).
-    pub fn of(mut v: Vec<f64>) -> Stats {
-        v.sort_by(|a, b| a.total_cmp(b));
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Stats {
-            median,
-            min: v[0],
-            max: v[n - 1],
-        }
-    }
-}
 
 fn pool(threads: usize) -> Result<rayon::ThreadPool> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .map_err(|e| Error::Msg(format!("thread pool: {e}")))
-}
-
-/// Streaming read of `buf` split over the current pool; returns a checksum so it is not elided.
-/// Each thread reads its part as 4 sequential streams in step with 64-byte loads where the CPU
-/// has them: one scalar stream per thread left a core's miss queue half empty (21 GB/s on one
-/// thread here, below what the GEMV kernels themselves read).
-pub fn stream_read(buf: &[u64]) -> u64 {
-    let parts = rayon::current_num_threads().max(1);
-    let chunk = buf.len().div_ceil(parts);
-    buf.par_chunks(chunk)
-        .map(|c| {
-            #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx512f") {
-                // SAFETY: AVX-512F was detected.
-                return unsafe { sum_avx512(c) };
-            }
-            c.iter().fold(0u64, |a, b| a.wrapping_add(*b))
-        })
-        .reduce(|| 0, |a, b| a.wrapping_add(b))
-}
-
-/// Wrapping sum of `c`, read as 4 streams of 64-byte loads in step.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum_avx512(c: &[u64]) -> u64 {
-    use std::arch::x86_64::*;
-    const STREAMS: usize = 4;
-    let len = c.len() / STREAMS / 8 * 8; // words per stream, whole 64-byte loads
-    let p = c.as_ptr();
-    let mut acc = [_mm512_setzero_si512(); STREAMS];
-    let mut i = 0;
-    while i < len {
-        for (s, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_add_epi64(*a, _mm512_loadu_si512(p.add(s * len + i) as *const _));
-        }
-        i += 8;
-    }
-    let mut total = c[STREAMS * len..]
-        .iter()
-        .fold(0u64, |a, b| a.wrapping_add(*b));
-    for a in acc {
-        total = total.wrapping_add(_mm512_reduce_add_epi64(a) as u64);
-    }
-    total
-}
-
-/// Figures of a kernel measured against memory read bandwidth.
-pub(crate) struct AgainstMemory {
-    /// Read bandwidth of streaming the words (GB/s).
-    pub bw: Stats,
-    /// The kernel's GB/s.
-    pub kernel: Stats,
-    /// Per-pair ratio kernel / bandwidth (each pair measured back to back).
-    pub ratio: Stats,
-}
-
-impl AgainstMemory {
-    /// The JSON fields of the three figures.
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "memory_read_gbps": {"median": self.bw.median, "min": self.bw.min, "max": self.bw.max},
-            "median": self.kernel.median, "min": self.kernel.min, "max": self.kernel.max,
-            "ratio_to_memory_read": self.ratio.median, "ratio_min": self.ratio.min,
-            "ratio_max": self.ratio.max, "pairs": "ABAB (bound, kernel) pairs; ratio = median of per-pair ratios",
-        })
-    }
-}
-
-/// The read bandwidth of streaming `words` and the GB/s of `pass` (which reads `gb` GB), in
-/// `runs` interleaved pairs (bound, kernel, bound, kernel, …) after a warm-up of each, in the
-/// current pool. The ratio is the median of per-pair ratios: the bandwidth this machine gives
-/// drifts between seconds (23 to 52 GB/s seen for one command), so a bound measured in one
-/// block before the kernel does not describe the kernel's seconds.
-pub(crate) fn against_memory(
-    words: &[u64],
-    runs: usize,
-    gb: f64,
-    mut pass: impl FnMut() -> Result<()>,
-) -> Result<AgainstMemory> {
-    let _ = stream_read(words); // warm-up: page in
-    pass()?;
-    let wgb = std::mem::size_of_val(words) as f64 / 1e9;
-    let (mut bw, mut gv, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..runs.max(1) {
-        let t0 = Instant::now();
-        std::hint::black_box(stream_read(std::hint::black_box(words)));
-        let b = wgb / t0.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        pass()?;
-        let k = gb / t0.elapsed().as_secs_f64();
-        bw.push(b);
-        gv.push(k);
-        ratio.push(k / b);
-    }
-    Ok(AgainstMemory {
-        bw: Stats::of(bw),
-        kernel: Stats::of(gv),
-        ratio: Stats::of(ratio),
-    })
 }
 
 /// Options of `bench mxfp4`.
@@ -328,56 +196,21 @@ fn mxfp4_gemv_figure(
     Ok(())
 }
 
-/// Options of `bench forward`.
-#[derive(Debug, Clone)]
-pub struct ForwardBenchOptions {
-    /// Prompt length.
-    pub prompt_len: usize,
-    /// Decode steps per run.
-    pub decode: usize,
-    /// Timed runs.
-    pub runs: usize,
-}
-
-/// Times prefill (ms per prompt token) and decode (ms per token) with each KDA form.
+/// Times prefill (ms per prompt token) and greedy decode (ms per token) of the model as
+/// opened.
 pub fn forward_bench(
-    model: &mut deltafin::models::k3::K3Model,
-    opts: &ForwardBenchOptions,
+    model: &dyn deltafin::Model,
+    o: &ForwardBenchOptions,
     mut emit: impl FnMut(serde_json::Value),
 ) -> Result<()> {
-    use deltafin::models::k3::KdaMode;
-    let vocab = model.config().text().vocab_size as u32;
-    let prompt: Vec<u32> = (0..opts.prompt_len as u32)
-        .map(|i| (i * 7919 + 13) % vocab)
-        .collect();
-    for (name, mode) in [
-        ("recurrent", KdaMode::Recurrent),
-        ("chunked16", KdaMode::Chunked(16)),
-        ("chunked64", KdaMode::Chunked(64)),
-    ] {
-        model.options.kda = mode;
-        let (mut pre, mut dec) = (Vec::new(), Vec::new());
-        for _ in 0..opts.runs.max(1) + 1 {
-            let mut st = model.new_state();
-            let t0 = Instant::now();
-            let mut logits = model.forward(&prompt, &mut st)?.to_vec1::<f32>()?;
-            pre.push(t0.elapsed().as_secs_f64() * 1e3 / prompt.len() as f64);
-            let t1 = Instant::now();
-            for _ in 0..opts.decode {
-                let next = deltafin::runtime::generate::argmax(&logits);
-                logits = model.forward(&[next], &mut st)?.to_vec1::<f32>()?;
-            }
-            dec.push(t1.elapsed().as_secs_f64() * 1e3 / opts.decode.max(1) as f64);
-        }
-        // The first run warms caches (expert bytes, page cache); it is not counted.
-        let (p, d) = (Stats::of(pre[1..].to_vec()), Stats::of(dec[1..].to_vec()));
-        emit(
-            serde_json::json!({"figure": "prefill_ms_per_token", "kda": name, "prompt_len": prompt.len(),
-            "median": p.median, "min": p.min, "max": p.max}),
-        );
-        emit(
-            serde_json::json!({"figure": "decode_ms_per_token", "kda": name, "median": d.median, "min": d.min, "max": d.max}),
-        );
-    }
+    let (p, d) = deltafin::measure::forward::time_forward(model, o)?;
+    emit(
+        serde_json::json!({"figure": "prefill_ms_per_token", "prompt_len": o.prompt_len.max(1),
+        "median": p.median, "min": p.min, "max": p.max}),
+    );
+    emit(
+        serde_json::json!({"figure": "decode_ms_per_token", "decode": o.decode,
+        "median": d.median, "min": d.min, "max": d.max}),
+    );
     Ok(())
 }

@@ -14,9 +14,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use super::speculate::ColdFiles;
-use super::Stats;
 use deltafin::engine::batch::{BatchOptions, Request, Scheduler, SeqEvent};
+use deltafin::measure::disk::ColdFiles;
+use deltafin::measure::Stats;
 use deltafin::runtime::generate::Speculation;
 use deltafin::{Engine, Error, GenerateOptions, Result};
 

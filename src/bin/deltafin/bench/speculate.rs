@@ -9,47 +9,11 @@
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use super::Stats;
-use deltafin::models::k3::K3Model;
+use deltafin::measure::disk::ColdFiles;
+use deltafin::measure::Stats;
 use deltafin::runtime::generate::{Drafter, Generation, Speculation};
-use deltafin::runtime::observe::Event;
-use deltafin::runtime::observe::Observer;
+use deltafin::Model;
 use deltafin::{Error, GenerateOptions, Generator, Result};
-
-/// Drops every file of a model directory from the page cache at the start of each pass.
-pub(crate) struct ColdFiles(pub Vec<std::path::PathBuf>);
-
-impl ColdFiles {
-    /// Makes every pass of `model` start with `root`'s files out of the page cache.
-    pub(crate) fn observe(model: &mut dyn deltafin::Model, root: &Path) -> Result<()> {
-        let mut files = Vec::new();
-        files_under(root, &mut files)?;
-        model.observe(std::sync::Arc::new(ColdFiles(files)));
-        Ok(())
-    }
-}
-
-impl Observer for ColdFiles {
-    fn on(&self, _layer: usize, event: &Event<'_>) {
-        if matches!(event, Event::PassStart { .. }) {
-            for p in &self.0 {
-                let _ = deltafin::experts::disk::drop_from_page_cache_all(p);
-            }
-        }
-    }
-}
-
-pub(crate) fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
-    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-        let p = e.map_err(|e| Error::io(dir, e))?.path();
-        if p.is_dir() {
-            files_under(&p, out)?;
-        } else if p.is_file() {
-            out.push(p);
-        }
-    }
-    Ok(())
-}
 
 /// Settings of the speculation bench.
 pub struct SpecBenchOptions {
@@ -79,7 +43,7 @@ pub fn synthetic_prompts(vocab: u32, len: usize) -> Vec<(String, Vec<u32>)> {
     ]
 }
 
-fn run_once(m: &K3Model, prompt: &[u32], decode: usize, spec: Speculation) -> Result<Generation> {
+fn run_once(m: &dyn Model, prompt: &[u32], decode: usize, spec: Speculation) -> Result<Generation> {
     let opts = GenerateOptions {
         max_new: decode,
         stop_ids: vec![],
@@ -99,7 +63,7 @@ impl Drafter for Oracle {
     }
 }
 
-fn run_oracle(m: &K3Model, prompt: &[u32], off: &Generation, depth: usize) -> Result<Generation> {
+fn run_oracle(m: &dyn Model, prompt: &[u32], off: &Generation, depth: usize) -> Result<Generation> {
     let opts = GenerateOptions {
         max_new: off.generated_ids.len(),
         stop_ids: vec![],
@@ -125,7 +89,7 @@ fn run_oracle(m: &K3Model, prompt: &[u32], off: &Generation, depth: usize) -> Re
 
 /// Runs the bench, one JSON line per run and one summary per prompt.
 pub fn spec_bench(
-    model: &mut K3Model,
+    model: &mut dyn Model,
     root: &Path,
     o: &SpecBenchOptions,
     mut emit: impl FnMut(serde_json::Value),
@@ -133,13 +97,16 @@ pub fn spec_bench(
     if o.cold {
         ColdFiles::observe(model, root)?;
     }
-    let r = model.spine().report();
-    emit(
-        serde_json::json!({"figure": "spec_setup", "spine_layers_streamed": r.layers_streamed,
-        "spine_bytes_read_per_pass": r.bytes_read_per_token, "cold_spine": o.cold,
-        "mode": o.spec.mode, "depth": o.spec.depth, "decode": o.decode,
-        "rollback_bytes_per_row_at_this_shape": deltafin::models::k3::verify::bytes_per_row(model.config())}),
-    );
+    if !model.can_verify() {
+        return Err(Error::Msg(
+            "this model has no verify pass, so speculative decoding does not run on it".into(),
+        ));
+    }
+    let r = model.spine_report();
+    emit(serde_json::json!({"figure": "spec_setup",
+        "spine_layers_streamed": r.as_ref().map_or(0, |r| r.layers_streamed),
+        "spine_bytes_read_per_pass": r.as_ref().map_or(0, |r| r.bytes_read_per_token), "cold_spine": o.cold,
+        "mode": o.spec.mode, "depth": o.spec.depth, "decode": o.decode}));
     for (name, prompt) in &o.prompts {
         run_once(model, prompt, o.decode.min(4), Speculation::OFF)?; // warm-up
         let (mut off_ms, mut on_ms, mut ratios) = (Vec::new(), Vec::new(), Vec::new());

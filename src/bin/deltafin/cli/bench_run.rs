@@ -18,55 +18,6 @@ fn parse_kernel(s: &str) -> anyhow::Result<Kernel> {
 /// Runs one benchmark, printing its JSON lines on stdout.
 pub fn run(kind: BenchKind) -> anyhow::Result<()> {
     match kind {
-        BenchKind::Prefill {
-            model_root,
-            lengths,
-            runs,
-            id_max,
-            no_chunk_major,
-            memory_gb,
-        } => {
-            let load = deltafin::runtime::load::LoadOptions {
-                memory_limit: memory_gb.map(|g| (g * 1e9) as u64),
-                ..Default::default()
-            };
-            let o = crate::bench::prefill::PrefillBenchOptions {
-                lengths: lengths.into_iter().filter(|&n| n > 0).collect(),
-                runs,
-                id_max,
-                chunk_major: !no_chunk_major,
-            };
-            crate::bench::prefill::prefill_bench(
-                &model_root,
-                &candle::Device::Cpu,
-                &load,
-                &o,
-                |l| println!("{l}"),
-            )?;
-        }
-        BenchKind::PromptCache {
-            model_root,
-            system_tokens,
-            turns,
-            reply,
-            memory_gb,
-            scratch,
-            no_snapshot,
-        } => {
-            let root = match model_root {
-                Some(r) => r,
-                None => deltafin::assets::k3_tiny()?,
-            };
-            let o = crate::bench::prompt_cache::PromptCacheBenchOptions {
-                system_tokens,
-                turns,
-                reply,
-                memory_limit: memory_gb.map(|g| (g * 1e9) as u64),
-                scratch,
-                no_snapshot,
-            };
-            crate::bench::prompt_cache::prompt_cache_bench(&root, &o, |l| println!("{l}"))?;
-        }
         BenchKind::Serve {
             model_root,
             batches,
@@ -113,50 +64,12 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             };
             crate::bench::serve::serve_bench(engine, &root, &o, |l| println!("{l}"))?;
         }
-        BenchKind::Spine { model_root, runs } => {
-            crate::bench::spine::spine_bench(&model_root, runs, |l| println!("{l}"))?;
-        }
-        BenchKind::Homes {
-            model_root,
-            homes,
-            rate_mb,
-            tokens,
-            runs,
-            scratch,
-        } => {
-            if homes.is_empty() || homes.contains(&0) || rate_mb.is_nan() || rate_mb <= 0.0 {
-                anyhow::bail!("--homes needs positive counts and --rate-mb a positive rate");
-            }
-            let o = crate::bench::homes::HomesBenchOptions {
-                homes,
-                rate: rate_mb * 1e6,
-                tokens: tokens.max(1),
-                runs: runs.max(1),
-                scratch,
-            };
-            crate::bench::homes::homes_bench(&model_root, &o, |l| println!("{l}"))?;
-        }
-        BenchKind::Experts {
-            model_root,
-            per_layer,
-            readers,
-            runs,
-        } => {
-            let opts = crate::bench::experts::ExpertsBenchOptions {
-                per_layer,
-                readers,
-                runs,
-            };
-            crate::bench::experts::experts_bench(&model_root, &opts, |l| println!("{l}"))?;
-        }
         BenchKind::Forward {
             model_root,
             prompt_len,
             decode,
             runs,
             device,
-            context,
-            breakdown,
             floor,
             speculate,
             spec_mode,
@@ -167,16 +80,10 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             oracle_drafts,
             ram_gb,
         } => {
-            // Mapped dense weights (no spine store): the family-blind decode measurement.
             use deltafin::runtime::family::DenseWeights;
             let family = deltafin::models::family(&model_root)?;
-            if family.dense_weights() == DenseWeights::Mapped {
-                if !floor {
-                    anyhow::bail!(
-                        "on {}, `bench forward` measures `--floor` only for now",
-                        family.name()
-                    );
-                }
+            if floor && family.dense_weights() == DenseWeights::Mapped {
+                // Mapped dense weights (no spine store): their own floor measurement.
                 return crate::bench::decode::decode_floor(
                     &model_root,
                     ram_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
@@ -197,16 +104,15 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 direct_spine: cold_spine.then_some(true),
                 ..Default::default()
             };
-            let mut model =
-                deltafin::models::k3::K3Model::open_with(&model_root, &device, &load, |p| {
-                    eprintln!("{p}")
-                })?;
+            let mut model = family.open(&model_root, &device, &load, &mut |p| eprintln!("{p}"))?;
+            let emit = |l: serde_json::Value| println!("{l}");
             if speculate {
-                let vocab = model.config().text().vocab_size as u32;
                 let len = prompt_len.max(2);
                 let prompts = match &text {
-                    Some(t) => text_prompts(&model_root, t, len)?,
-                    None => crate::bench::speculate::synthetic_prompts(vocab, len),
+                    Some(t) => text_prompts(family, &model_root, t, len)?,
+                    None => {
+                        crate::bench::speculate::synthetic_prompts(model.vocab_size() as u32, len)
+                    }
                 };
                 let o = crate::bench::speculate::SpecBenchOptions {
                     decode: decode.max(2),
@@ -219,18 +125,8 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                     cold: cold_spine,
                     oracle: oracle_drafts,
                 };
-                return crate::bench::speculate::spec_bench(&mut model, &model_root, &o, |l| {
-                    println!("{l}")
-                })
-                .map_err(Into::into);
-            }
-            if !context.is_empty() {
-                let most = context.iter().max().copied().unwrap_or(0);
-                model.set_context_limit(most + runs + 2);
-                return crate::bench::forward::context_bench(&model, &context, runs, |l| {
-                    println!("{l}")
-                })
-                .map_err(Into::into);
+                return crate::bench::speculate::spec_bench(model.as_mut(), &model_root, &o, emit)
+                    .map_err(Into::into);
             }
             if floor {
                 let o = crate::bench::floor::FloorOptions {
@@ -239,28 +135,21 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                     runs,
                     cold: cold_spine,
                 };
-                return crate::bench::floor::floor_bench(&mut model, &model_root, &o, |l| {
-                    println!("{l}")
-                })
-                .map_err(Into::into);
-            }
-            if breakdown {
-                return crate::bench::forward::breakdown_bench(
-                    &mut model,
+                return crate::bench::floor::floor_bench(
+                    model.as_mut(),
+                    family,
                     &model_root,
-                    prompt_len.max(1),
-                    decode,
-                    runs,
-                    |l| println!("{l}"),
+                    &o,
+                    emit,
                 )
                 .map_err(Into::into);
             }
-            let opts = crate::bench::ForwardBenchOptions {
+            let opts = deltafin::measure::forward::ForwardBenchOptions {
                 prompt_len: prompt_len.max(1),
                 decode,
                 runs,
             };
-            crate::bench::forward_bench(&mut model, &opts, |l| println!("{l}"))?;
+            crate::bench::forward_bench(model.as_ref(), &opts, emit)?;
         }
         BenchKind::Dense {
             gb,
@@ -311,11 +200,12 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
 /// Up to 10 prompts of `len` tokens spread over a text file, tokenised with the model's
 /// tokenizer.
 fn text_prompts(
+    family: &dyn deltafin::runtime::family::ModelFamily,
     root: &std::path::Path,
     text: &std::path::Path,
     len: usize,
 ) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
-    let tok = deltafin::tokenizer::Tokenizer::from_dir(root)?;
+    let tok = family.tokenizer(root)?;
     let s = std::fs::read_to_string(text)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", text.display()))?;
     let ids = tok.encode_ordinary(&s);

@@ -26,8 +26,8 @@ pub struct EvalArgs {
     /// Training text of an add-k bigram baseline, scored on the same tokens (repeatable).
     #[arg(long)]
     pub bigram: Vec<PathBuf>,
-    /// Compare two configurations of the model over the text: `bf16`, `int8` (spine formats),
-    /// `auto`, or `fp32=WORK_DIR` (the trainer's fp32 weights from `deltafin train --work`).
+    /// Compare two configurations of the model over the text: `bf16`, `int8` (spine formats)
+    /// or `auto`.
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
     pub compare: Vec<String>,
     /// Score the model against reference continuations (JSONL: prompt_ids, continuation,
@@ -57,17 +57,12 @@ fn scorer(
     store: &StoreArgs,
     spec: &str,
 ) -> anyhow::Result<Box<dyn Scorer>> {
-    if let Some(work) = spec.strip_prefix("fp32=") {
-        let cfg = deltafin::models::k3::config::K3Config::from_file(&root.join("config.json"))?;
-        let w = PathBuf::from(work).join("weights.safetensors");
-        return Ok(Box::new(deltafin::models::k3::train::Net::from_checkpoint(
-            &cfg, &w,
-        )?));
-    }
     let mut s = store.clone();
     s.spine = match spec {
         "bf16" | "int8" | "auto" => spec.to_string(),
-        other => anyhow::bail!("configuration `{other}`: use bf16, int8, auto or fp32=WORK_DIR"),
+        other => anyhow::bail!(
+            "configuration `{other}`: use bf16, int8 or auto (a training run's fp32 network: `deltafin-k3 compare-fp32`)"
+        ),
     };
     let engine = load_engine(root, &s, 0)?;
     Ok(Box::new(engine.into_model()))

@@ -15,7 +15,6 @@ pub mod run;
 mod run_report;
 mod serve;
 pub mod store;
-pub mod train;
 
 use std::path::PathBuf;
 
@@ -106,22 +105,6 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Train a byte-level BPE tokenizer in K3's format (`tiktoken.model` + `tokenizer_config.json`
-    /// with K3's 256 specials after the ranks) on text files, with K3's split pattern.
-    TrainTokenizer {
-        /// Text files to train on (repeatable).
-        #[arg(long = "text", required = true)]
-        text: Vec<PathBuf>,
-        /// Ranks, the 256 byte tokens included.
-        #[arg(long, default_value_t = 8192)]
-        vocab: usize,
-        /// Output directory.
-        #[arg(long)]
-        out: PathBuf,
-    },
-    /// Train a K3-architecture model (Candle autograd, AdamW) on text files and export it in
-    /// K3's format (BF16 spine, MXFP4 experts).
-    Train(train::TrainArgs),
     /// Quality harness: teacher-forced NLL and perplexity of a text, a bigram baseline, two
     /// configurations compared (top-1/top-5 agreement, KL, top-logit change), reference
     /// continuations (JSONL).
@@ -191,32 +174,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             deltafin::fsio::atomic::write_atomic(&out, json.as_bytes())?;
             eprintln!("wrote {} ({} bytes)", out.display(), json.len());
         }
-        Command::TrainTokenizer { text, vocab, out } => {
-            use deltafin::checkpoint::tiktoken_fixture::{
-                tiktoken_model_text, tokenizer_config_json,
-            };
-            let t0 = std::time::Instant::now();
-            let files: Vec<&std::path::Path> = text.iter().map(|p| p.as_path()).collect();
-            let ranks = deltafin::tokenizer::train::train_ranks(
-                &files,
-                vocab,
-                deltafin::tokenizer::K3_PATTERN,
-            )?;
-            std::fs::create_dir_all(&out)?;
-            let model = out.join("tiktoken.model");
-            deltafin::fsio::atomic::write_atomic(&model, tiktoken_model_text(&ranks).as_bytes())?;
-            let cfg = serde_json::to_vec_pretty(&tokenizer_config_json(ranks.len() as u32))?;
-            deltafin::fsio::atomic::write_atomic(&out.join("tokenizer_config.json"), &cfg)?;
-            // The files load as the model's tokenizer does.
-            deltafin::tokenizer::Tokenizer::from_dir(&out)?;
-            eprintln!(
-                "trained {} ranks in {:.1} s; wrote {}",
-                ranks.len(),
-                t0.elapsed().as_secs_f64(),
-                model.display()
-            );
-        }
-        Command::Train(a) => train::run(&a)?,
         Command::Eval(a) => eval::run(&a)?,
         Command::Bench { kind } => bench_run::run(kind)?,
     }

@@ -17,7 +17,7 @@ pub struct Printer<'a> {
     chat: bool,
     json: bool,
     dec: StreamDecoder,
-    split: ReplySplitter,
+    split: Box<dyn ReplySplitter>,
     dim: bool,
 }
 

@@ -3,19 +3,19 @@
 //! reads them), measured in the same run; and, for reference, one sequential stream over each
 //! layer's whole expert run.
 
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Stats;
 use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{
     drop_from_page_cache_all, CacheAdvice, ExpertProvider, TieredExperts, TieredOptions,
 };
+use deltafin::measure::disk::{raw_read, raw_read_jobs};
+use deltafin::measure::Stats;
 use deltafin::models::k3::config::K3Config;
-use deltafin::{Error, Result};
+use deltafin::Result;
 
 /// Options of `bench experts`.
 #[derive(Debug, Clone)]
@@ -26,94 +26,6 @@ pub struct ExpertsBenchOptions {
     pub readers: Vec<usize>,
     /// Timed runs per figure.
     pub runs: usize,
-}
-
-/// Sequential O_DIRECT read of `[start, end)` of `path` in 16 MiB requests; returns GB/s.
-pub(crate) fn raw_read(path: &Path, start: u64, end: u64) -> Result<f64> {
-    const CHUNK: usize = 16 << 20;
-    let f = open_direct(path)?;
-    let mut buf = deltafin::fsio::AlignedBuf::new(CHUNK)?;
-    let (a, b) = (start & !4095, end.div_ceil(4096) * 4096);
-    let t0 = Instant::now();
-    let mut off = a;
-    let mut total = 0u64;
-    while off < b {
-        let n = f
-            .read_at(&mut buf[..], off)
-            .map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-        off += n as u64;
-    }
-    Ok(total as f64 / 1e9 / t0.elapsed().as_secs_f64())
-}
-
-/// Reads each job's parts (`(file index in paths, [(start, len)])`, e.g. one expert each) with
-/// `r` threads, `O_DIRECT`, job `k` on thread `k % r`; returns when all are read.
-pub(crate) fn raw_read_jobs(
-    paths: &[std::path::PathBuf],
-    jobs: &[(usize, Vec<(u64, u64)>)],
-    r: usize,
-) -> Result<()> {
-    const CHUNK: usize = 16 << 20;
-    let r = r.clamp(1, jobs.len().max(1));
-    std::thread::scope(|sc| -> Result<()> {
-        let hs: Vec<_> = (0..r)
-            .map(|t| {
-                sc.spawn(move || -> Result<()> {
-                    let mut buf = deltafin::fsio::AlignedBuf::new(CHUNK)?;
-                    let mut open: Option<(usize, std::fs::File)> = None;
-                    for (shard, parts) in jobs.iter().skip(t).step_by(r) {
-                        if open.as_ref().is_none_or(|(s, _)| s != shard) {
-                            let p = paths
-                                .get(*shard)
-                                .ok_or_else(|| Error::Msg(format!("raw read: no file {shard}")))?;
-                            open = Some((*shard, open_direct(p)?));
-                        }
-                        let Some((_, f)) = &open else { continue };
-                        for &(start, len) in parts {
-                            let (mut off, end) =
-                                (start & !4095, (start + len).div_ceil(4096) * 4096);
-                            while off < end {
-                                let n = ((end - off) as usize).min(CHUNK);
-                                let got = f
-                                    .read_at(&mut buf[..n], off)
-                                    .map_err(|e| Error::io(&paths[*shard], e))?;
-                                if got == 0 {
-                                    break;
-                                }
-                                off += got as u64;
-                            }
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join()
-                .map_err(|_| Error::Msg("a raw reader panicked".into()))??;
-        }
-        Ok(())
-    })
-}
-
-/// Opens a file for reads that bypass the page cache (`O_DIRECT` on Linux, `F_NOCACHE` on
-/// macOS).
-fn open_direct(path: &Path) -> Result<std::fs::File> {
-    #[cfg(target_os = "linux")]
-    let flags = libc::O_DIRECT;
-    #[cfg(not(target_os = "linux"))]
-    let flags = 0;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    deltafin::experts::disk::no_cache_on_open(&f, deltafin::experts::CacheAdvice::Auto);
-    Ok(f)
 }
 
 /// Runs the benchmark on a K3-format checkpoint (the K3-slice fixture).

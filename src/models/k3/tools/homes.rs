@@ -8,11 +8,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Stats;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{ExpertProvider, TieredOptions};
 use deltafin::install::homes::{populate_home, HomeSelection};
 use deltafin::installed::expert_store;
+use deltafin::measure::Stats;
 use deltafin::models::k3::config::K3Config;
 use deltafin::{Error, Result};
 

@@ -1,14 +1,16 @@
-//! `bench forward --context N` (one MLA layer's decode step at a given context: time and the
-//! bytes it allocates) and `bench forward --breakdown` (per decode token at any shape: compute,
-//! spine and expert wait, bytes read, and the floor those bytes cost at the read and memory
-//! bandwidths measured in the same run).
+//! `deltafin-k3 bench forward`: prefill and decode with each KDA form; `--context N` (one MLA
+//! layer's decode step at a given context: time and the bytes it allocates); `--breakdown`
+//! (per decode token at any shape: compute, spine and expert wait, bytes read, and the floor
+//! those bytes cost at the read and memory bandwidths measured in the same run).
 
 use std::path::Path;
 use std::time::Instant;
 
 use candle::Tensor;
 
-use super::{stream_read, Stats};
+use deltafin::measure::forward::{time_forward, ForwardBenchOptions};
+use deltafin::measure::memory::stream_read;
+use deltafin::measure::Stats;
 use deltafin::models::k3::config::AttnKind;
 use deltafin::models::k3::K3Model;
 use deltafin::runtime::state::LayerState;
@@ -76,59 +78,6 @@ pub fn context_bench(
     Ok(())
 }
 
-/// Buffered read rate of `bytes` from the model's shards, the way the spine and experts are
-/// read (positioned reads into one reused buffer, 2 threads), after dropping the page cache.
-pub(super) fn shard_read_gbps(root: &Path, bytes: u64) -> Result<f64> {
-    let inv = deltafin::checkpoint::Inventory::from_dir(root)?;
-    let mut files: Vec<(std::path::PathBuf, u64)> = inv
-        .shards
-        .iter()
-        .map(|s| {
-            let p = root.join(&s.file);
-            let len = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
-            (p, len)
-        })
-        .collect();
-    files.sort_by_key(|f| std::cmp::Reverse(f.1));
-    let (path, len) = files
-        .first()
-        .cloned()
-        .ok_or_else(|| Error::Msg("no shards".into()))?;
-    let span = bytes.min(len);
-    let f = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
-    deltafin::experts::disk::drop_from_page_cache(&f, 0, len, deltafin::experts::CacheAdvice::Auto);
-    let threads = 2u64;
-    let t0 = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let hs: Vec<_> = (0..threads)
-            .map(|k| {
-                let (f, path) = (&f, &path);
-                s.spawn(move || -> Result<()> {
-                    use std::os::unix::fs::FileExt;
-                    let mut buf = vec![0u8; 64 << 20];
-                    let (a, b) = (span * k / threads, span * (k + 1) / threads);
-                    let mut off = a;
-                    while off < b {
-                        let n = ((b - off) as usize).min(buf.len());
-                        f.read_exact_at(&mut buf[..n], off)
-                            .map_err(|e| Error::io(path, e))?;
-                        off += n as u64;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join()
-                .map_err(|_| Error::Msg("reader panicked".into()))??;
-        }
-        Ok(())
-    })?;
-    let gbps = span as f64 / 1e9 / t0.elapsed().as_secs_f64();
-    deltafin::experts::disk::drop_from_page_cache(&f, 0, len, deltafin::experts::CacheAdvice::Auto);
-    Ok(gbps)
-}
-
 /// Per decode token: compute (attention, MoE), spine and expert wait, bytes read, and the
 /// floor of the same work from the bandwidths measured in this run.
 pub fn breakdown_bench(
@@ -145,7 +94,7 @@ pub fn breakdown_bench(
     std::hint::black_box(stream_read(std::hint::black_box(&words)));
     let mem_gbps = (8u64 << 27) as f64 / 1e9 / t0.elapsed().as_secs_f64();
     drop(words);
-    let read_gbps = shard_read_gbps(root, 4_000_000_000)?;
+    let read_gbps = deltafin::measure::disk::shard_read_gbps(root, 4_000_000_000)?;
     emit(
         serde_json::json!({"figure": "bandwidth", "memory_read_gbps": mem_gbps, "shard_read_gbps": read_gbps}),
     );
@@ -218,5 +167,30 @@ pub fn breakdown_bench(
         summary[*k] = serde_json::json!({"median": st.median, "min": st.min, "max": st.max});
     }
     emit(summary);
+    Ok(())
+}
+
+/// Times prefill (ms per prompt token) and decode (ms per token) with each KDA form.
+pub fn forward_bench(
+    model: &mut K3Model,
+    o: &ForwardBenchOptions,
+    mut emit: impl FnMut(serde_json::Value),
+) -> Result<()> {
+    use deltafin::models::k3::KdaMode;
+    for (name, mode) in [
+        ("recurrent", KdaMode::Recurrent),
+        ("chunked16", KdaMode::Chunked(16)),
+        ("chunked64", KdaMode::Chunked(64)),
+    ] {
+        model.options.kda = mode;
+        let (p, d) = time_forward(&*model, o)?;
+        emit(
+            serde_json::json!({"figure": "prefill_ms_per_token", "kda": name, "prompt_len": o.prompt_len.max(1),
+            "median": p.median, "min": p.min, "max": p.max}),
+        );
+        emit(
+            serde_json::json!({"figure": "decode_ms_per_token", "kda": name, "median": d.median, "min": d.min, "max": d.max}),
+        );
+    }
     Ok(())
 }

@@ -12,10 +12,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
-use super::Stats;
 use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::DtypeExt;
 use deltafin::experts::drop_from_page_cache_all;
+use deltafin::measure::Stats;
 use deltafin::spine::layer::parse_header;
 use deltafin::{Error, Result};
 

@@ -13,10 +13,10 @@ use std::time::Instant;
 
 use candle::Device;
 
-use super::Stats;
 use deltafin::checkpoint::rng::Rng;
 use deltafin::checkpoint::Inventory;
 use deltafin::kernels::dense::{gemm, DenseData, DenseMatrix};
+use deltafin::measure::Stats;
 use deltafin::models::k3::config::{AttnKind, K3Config};
 use deltafin::models::k3::K3Model;
 use deltafin::mxfp4::{Kernel, Mxfp4Expert};
@@ -232,7 +232,7 @@ pub fn prefill_bench(
             // Each run right after its own read-rate measurement (this disk varies by ±50%).
             let mut runs = Vec::new();
             for _ in 0..o.runs.max(1) {
-                let gbps = super::forward::shard_read_gbps(root, 4_000_000_000)?;
+                let gbps = deltafin::measure::disk::shard_read_gbps(root, 4_000_000_000)?;
                 runs.push((gbps, one_run(root, device, load, &ids, old)?));
             }
             let r0 = &runs[0].1;

@@ -1,4 +1,5 @@
-//! `deltafin train`: trains a K3-architecture model on text files and exports it in K3's format.
+//! `deltafin-k3 train`: trains a K3-architecture model on text files and exports it in K3's
+//! format; `compare-fp32`: the trained fp32 network against the exported checkpoint.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,13 +10,13 @@ use deltafin::models::k3::train::{
 };
 use deltafin::tokenizer::Tokenizer;
 
-/// Arguments of `deltafin train`.
+/// Arguments of `deltafin-k3 train`.
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
     /// Training text files (repeatable).
     #[arg(long = "text", required = true)]
     pub text: Vec<PathBuf>,
-    /// Tokenizer directory (`deltafin train-tokenizer --out`).
+    /// Tokenizer directory (`deltafin-k3 train-tokenizer --out`).
     #[arg(long)]
     pub tokenizer: PathBuf,
     /// Output model directory (K3 format).
@@ -62,7 +63,7 @@ pub struct TrainArgs {
     pub hidden: usize,
 }
 
-/// Runs `deltafin train`.
+/// Runs `deltafin-k3 train`.
 pub fn run(a: &TrainArgs) -> anyhow::Result<()> {
     let dims = Dims {
         hidden: a.hidden,
@@ -130,5 +131,65 @@ pub fn run(a: &TrainArgs) -> anyhow::Result<()> {
         report.final_loss,
         a.out.display()
     );
+    Ok(())
+}
+
+/// Arguments of `deltafin-k3 compare-fp32`.
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// The exported model directory (default: the built-in K3-tiny).
+    #[arg(long)]
+    pub model_root: Option<PathBuf>,
+    /// The training run's directory (`train --work`), holding `weights.safetensors`.
+    #[arg(long)]
+    pub work: PathBuf,
+    /// Text scored by both.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Window length: each window is scored from an empty context.
+    #[arg(long, default_value_t = 128)]
+    pub window: usize,
+    /// Score at most this many tokens of the text.
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// The checkpoint's spine format: bf16, int8 or auto.
+    #[arg(long, default_value = "bf16")]
+    pub spine: String,
+}
+
+/// Runs `deltafin-k3 compare-fp32`, printing one JSON object.
+pub fn compare_fp32(a: &CompareArgs) -> anyhow::Result<()> {
+    use deltafin::spine::source::SpineChoice;
+    let root = match &a.model_root {
+        Some(r) => r.clone(),
+        None => deltafin::assets::k3_tiny()?,
+    };
+    let spine = match a.spine.as_str() {
+        "auto" => SpineChoice::Auto,
+        "int8" => SpineChoice::Int8,
+        "bf16" => SpineChoice::Bf16,
+        other => anyhow::bail!("--spine {other}: use auto, int8 or bf16"),
+    };
+    let cfg = deltafin::models::k3::config::K3Config::from_file(&root.join("config.json"))?;
+    let net = deltafin::models::k3::train::Net::from_checkpoint(
+        &cfg,
+        &a.work.join("weights.safetensors"),
+    )?;
+    let opts = deltafin::EngineOptions {
+        load: deltafin::runtime::load::LoadOptions {
+            spine,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let engine = deltafin::Engine::open_with(&root, &opts, |p| eprintln!("{p}"))?;
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(&root)?;
+    let text = std::fs::read_to_string(&a.text)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", a.text.display()))?;
+    let ids = tok.encode_ordinary(&text);
+    let model = engine.into_model();
+    let r = deltafin::eval::compare(&net, &model, &ids, a.window, a.max_tokens)?;
+    let out = serde_json::json!({"a": "fp32", "b": a.spine, "report": r});
+    println!("{out}");
     Ok(())
 }

@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::experts::{raw_read, raw_read_jobs};
-use super::Stats;
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{drop_from_page_cache_all, TieredExperts, TieredOptions};
 use deltafin::fsio::BufPool;
+use deltafin::measure::disk::{raw_read, raw_read_jobs};
+use deltafin::measure::Stats;
 use deltafin::models::k3::config::K3Config;
 use deltafin::models::k3::K3Model;
 use deltafin::spine::convert::{convert_spine, store_dir, SpineFormat};
