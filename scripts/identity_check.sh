@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bit-identity of a refactor: two binaries (before, after) on K3-nano, K3-medium, a K3-slice,
-# K3-tiny (the built-in model) and gpt-oss-tiny. Per model it compares `run --json` (generated
+# K3-tiny (the built-in model), gpt-oss-tiny and a Qwen3-MoE fixture. Per model it compares `run --json` (generated
 # ids and first-step top-10 logits) and the whole `logits` document (every prompt position's
 # logits, the routes, a greedy continuation's logits), and fails on any difference.
 #   bash scripts/identity_check.sh BEFORE_BIN AFTER_BIN [WORK_DIR]
@@ -10,13 +10,13 @@ before=${1:?usage: identity_check.sh BEFORE_BIN AFTER_BIN [WORK_DIR]}
 after=${2:?usage: identity_check.sh BEFORE_BIN AFTER_BIN [WORK_DIR]}
 work=${3:-$(mktemp -d)}
 mkdir -p "$work"
-for m in nano medium slice gpt-oss-tiny; do
+for m in nano medium slice gpt-oss-tiny qwen3-moe; do
   [ -f "$work/$m/config.json" ] || "$before" fixture "$m" "$work/$m" >/dev/null
 done
 prompt="The quick brown fox jumps over the lazy dog. Once upon a time"
 ids="1,5,9,13,2,7,11,3,17,19,23,29"
 status=0
-for m in nano medium slice tiny gpt-oss-tiny; do
+for m in nano medium slice tiny gpt-oss-tiny qwen3-moe; do
   root=()
   [ "$m" = tiny ] || root=(--model-root "$work/$m")
   outs=()

@@ -454,3 +454,46 @@ fn a_second_writer_is_refused_naming_the_holder() {
     succeed(&["convert-spine", "--model-root"], d.path());
     assert!(d.path().join("deltafin-spine/bf16/layer-000.bin").is_file());
 }
+
+/// `bench forward` opens any family through the registry: on gpt-oss and Qwen3-MoE fixtures it
+/// times prefill and decode, and `--speculate` runs (and fails if speculation changed a reply).
+#[test]
+fn bench_forward_runs_on_every_family() {
+    let d = tempfile::tempdir().unwrap();
+    for name in ["gpt-oss-tiny", "qwen3-moe", "nano"] {
+        let root = d.path().join(name);
+        let out = bin().args(["fixture", name]).arg(&root).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bench = |extra: &[&str]| -> Vec<serde_json::Value> {
+            let out = bin()
+                .args(["bench", "forward", "--model-root"])
+                .arg(&root)
+                .args(["--prompt-len", "8", "--decode", "4", "--runs", "1"])
+                .args(extra)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{name} {extra:?}: {err}");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.starts_with('{'))
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        };
+        let plain = bench(&[]);
+        for figure in ["prefill_ms_per_token", "decode_ms_per_token"] {
+            let f = plain.iter().find(|v| v["figure"] == figure).unwrap();
+            assert!(f["median"].as_f64().unwrap() > 0.0, "{name}: {f}");
+        }
+        let spec = bench(&["--speculate"]);
+        let summaries = spec
+            .iter()
+            .filter(|v| v["figure"] == "spec_summary")
+            .count();
+        assert_eq!(summaries, 2, "{name}: {spec:?}");
+    }
+}
