@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The shared half of the transformers reference checks (scripts/gpt_oss_reference.py,
 scripts/qwen3_moe_reference.py): run deltafin's `logits` and a transformers causal LM (CPU torch,
-fp32) on one prompt, compare every prompt position's logits, each MoE layer's expert set per
-position and a greedy continuation, and run negative controls (config.json edits that must
+fp32) on one prompt, compare every prompt position's logits, the hidden rows after every layer
+but the last (what a drafter reading the target's hidden states takes: `logits --hidden-layers`
+against `output_hidden_states`), each MoE layer's expert set per position and a greedy
+continuation, and run negative controls (config.json edits that must
 make the reference disagree). Calls transformers, never copies it.
 """
 
@@ -19,13 +21,15 @@ import torch
 from transformers.utils import logging as hf_logging
 
 
-def ours(binary, model, prompt, generate):
-    """deltafin's logits, routes and greedy continuation."""
+def ours(binary, model, prompt, generate, layers):
+    """deltafin's logits, hidden rows after `layers`, routes and greedy continuation."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "ours.json")
         cmd = [binary, "logits", "--model-root", str(model),
                "--prompt-ids", ",".join(map(str, prompt)), "--generate", str(generate),
                "--out", out]
+        if layers:
+            cmd += ["--hidden-layers", ",".join(map(str, layers))]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode != 0:
             sys.exit(f"deltafin logits failed ({r.returncode}):\n{r.stderr}")
@@ -62,8 +66,13 @@ def reference(model, routers, prompt, generate):
     hooks = [m.register_forward_hook(hook(i)) for i, m in routers(model)]
     seq = list(prompt)
     with torch.no_grad():
-        logits = model(torch.tensor([seq])).logits[0].float()
+        out = model(torch.tensor([seq]), output_hidden_states=True)
+    logits = out.logits[0].float()
     prompt_logits = logits.tolist()
+    # hidden_states[0] is the embedding, [l + 1] the rows after layer l; the last one has the
+    # final norm applied, so the layers compared stop one short of it.
+    hidden = {str(l - 1): h[0].float().tolist() for l, h in enumerate(out.hidden_states)
+              if 1 <= l < len(out.hidden_states) - 1}
     prompt_routes = {str(l): r for l, r in calls}
     greedy, gen_logits, gen_routes = [], [], []
     nxt = int(torch.argmax(logits[-1]))
@@ -79,7 +88,7 @@ def reference(model, routers, prompt, generate):
     for h in hooks:
         h.remove()
     return {"prompt_logits": prompt_logits, "prompt_routes": prompt_routes, "greedy": greedy,
-            "greedy_logits": gen_logits, "greedy_routes": gen_routes}
+            "greedy_logits": gen_logits, "greedy_routes": gen_routes, "prompt_hidden": hidden}
 
 
 def rel(a, b):
@@ -100,8 +109,14 @@ def compare(o, r, tol):
         for l, rows in r["greedy_routes"][i].items():
             if rows != o["greedy_routes"][i].get(l):
                 differ += 1
-    ok = worst <= tol and gen_worst <= tol and differ == 0 and o["greedy"] == r["greedy"]
+    hidden = [rel(a, b) for l, rows in r["prompt_hidden"].items()
+              for a, b in zip(o.get("prompt_hidden", {}).get(l, []), rows)]
+    missing = len(r["prompt_hidden"]) != len(o.get("prompt_hidden", {}))
+    hidden_worst = max(hidden, default=float("inf")) if not missing else float("inf")
+    ok = (worst <= tol and gen_worst <= tol and differ == 0 and o["greedy"] == r["greedy"]
+          and hidden_worst <= tol)
     return ok, {"prompt_logits_rel_worst": worst, "greedy_logits_rel_worst": gen_worst,
+                "hidden_rel_worst": hidden_worst, "hidden_layers": len(r["prompt_hidden"]),
                 "routes_differing": differ, "greedy_identical": o["greedy"] == r["greedy"]}
 
 
@@ -128,7 +143,8 @@ def main(cls, routers, controls, name, edit=None):
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     rnd = random.Random(a.seed)
     prompt = [rnd.randrange(0, cfg["vocab_size"]) for _ in range(a.prompt_len)]
-    o = ours(a.deltafin, a.model, prompt, a.generate)
+    layers = cfg["num_hidden_layers"]
+    o = ours(a.deltafin, a.model, prompt, a.generate, list(range(layers - 1)))
     r = reference(load(cls, a.model, {}), routers, prompt, a.generate)
     ok, s = compare(o, r, a.tol)
     results = {}
@@ -142,7 +158,8 @@ def main(cls, routers, controls, name, edit=None):
             ok = False
     line = (f"{a.name}: prompt {a.prompt_len} + greedy {a.generate}: logits worst rel "
             f"{s['prompt_logits_rel_worst']:.2e} (prompt) {s['greedy_logits_rel_worst']:.2e} "
-            f"(greedy), {s['routes_differing']} routes differ, greedy "
+            f"(greedy), hidden rows after {s['hidden_layers']} layers worst rel "
+            f"{s['hidden_rel_worst']:.2e}, {s['routes_differing']} routes differ, greedy "
             f"{'identical' if s['greedy_identical'] else 'different'}; controls: " +
             ", ".join(f"{k}: rel {c['prompt_logits_rel_worst']:.2e}, {c['routes_differing']} "
                       f"routes differ" for k, c in results.items()))

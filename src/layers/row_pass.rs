@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use candle::{Device, Tensor};
 
 use crate::runtime::model::{check_batch, BatchItem, Forward, Logits, Output};
-use crate::runtime::observe::{Both, Event, Observer, Observers, PrefillStep};
+use crate::runtime::observe::{Both, Event, Observer, Observers, PrefillStep, Rows};
 use crate::runtime::rollback::Rollback;
 use crate::runtime::state::{LayerState, SeqState};
 use crate::{Error, Result};
@@ -90,6 +90,8 @@ pub fn hidden_seqs<M: RowPass + ?Sized>(
             return Ok(None);
         }
         m.layer(l, &mut x, seqs, obs)?;
+        let width = m.hidden_size();
+        obs.on(l, &Event::LayerDone(Rows::Host { data: &x, width }));
         if let Some(step) = prefill {
             step.report(obs, l, m.bytes_read());
         }

@@ -38,8 +38,9 @@ pub enum Event<'a> {
     Routes(&'a [Route]),
     /// The MLP or MoE output `[T, H]`.
     Ffn(&'a Tensor),
-    /// The layer's new hidden state `[T, H]`.
-    LayerDone(&'a Tensor),
+    /// The layer's new hidden state `[T, H]` (the residual stream after the layer), as the
+    /// model holds it. A drafter that reads the target's hidden states taps these.
+    LayerDone(Rows<'a>),
     /// The pass is over (the tail runs next).
     PassEnd,
     /// A prefill (a `run` over more than one position) finished a layer.
@@ -50,6 +51,42 @@ pub enum Event<'a> {
         /// Positions kept.
         rows: usize,
     },
+}
+
+/// A layer's hidden rows `[T, H]`, where the model keeps them: a tensor (possibly on a GPU)
+/// or host rows. In a batched pass the rows of every sequence follow each other.
+#[derive(Debug, Clone, Copy)]
+pub enum Rows<'a> {
+    /// A `[T, H]` tensor.
+    Tensor(&'a Tensor),
+    /// `T * width` values, row-major.
+    Host {
+        /// The rows.
+        data: &'a [f32],
+        /// Values per row (the hidden size).
+        width: usize,
+    },
+}
+
+impl Rows<'_> {
+    /// Values per row.
+    pub fn width(&self) -> usize {
+        match self {
+            Rows::Tensor(t) => t.dims().last().copied().unwrap_or(0),
+            Rows::Host { width, .. } => *width,
+        }
+    }
+
+    /// The rows as host `f32`s, row-major (copies; syncs a GPU tensor).
+    pub fn to_f32(&self) -> crate::Result<Vec<f32>> {
+        match self {
+            Rows::Tensor(t) => Ok(t
+                .to_dtype(candle::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?),
+            Rows::Host { data, .. } => Ok(data.to_vec()),
+        }
+    }
 }
 
 /// Where a prefill stands after one layer of one of its layer-major passes.

@@ -14,7 +14,7 @@ use super::options::ModelOptions;
 use super::weights::LayerWeights;
 use crate::experts::ExpertProvider;
 use crate::models::k3::config::{AttnKind, FfnKind, LayerKind};
-use crate::runtime::observe::{Event, Observer};
+use crate::runtime::observe::{Event, Observer, Rows};
 use crate::runtime::rollback::LayerUndo;
 use crate::runtime::state::LayerState;
 use crate::spine::layer::LayerData;
@@ -221,7 +221,7 @@ impl Layer {
             .map(|(p, om)| p + om)
             .collect::<candle::Result<Vec<_>>>()?;
         if let Some(hl) = h.last() {
-            obs.on(l, &Event::LayerDone(hl));
+            obs.on(l, &Event::LayerDone(Rows::Tensor(hl)));
         }
         Ok(h)
     }

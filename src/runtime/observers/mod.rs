@@ -5,8 +5,10 @@
 
 pub mod profile;
 pub mod reuse;
+pub mod tap;
 pub mod trace;
 
 pub use profile::{LayerProfile, LayerTiming};
 pub use reuse::ExpertReuse;
+pub use tap::{HiddenTap, Tapped};
 pub use trace::RouterTrace;

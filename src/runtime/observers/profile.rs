@@ -121,7 +121,9 @@ impl Observer for LayerProfile {
                 c.cur.expert_wait_ms = (self.read_wait_s() - c.wait_at_ffn) * 1e3;
             }
             Event::LayerDone(h) => {
-                sync(h);
+                if let crate::runtime::observe::Rows::Tensor(h) = h {
+                    sync(h);
+                }
                 c.cur.other_ms += lap(&mut c.t);
                 let t = c.cur.clone();
                 c.done.push(t);

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Args;
 
 use deltafin::runtime::observe::RouteCollector;
+use deltafin::runtime::observers::HiddenTap;
 
 use super::store::{load_engine, StoreArgs};
 
@@ -25,6 +26,10 @@ pub struct LogitsArgs {
     /// Greedy tokens to generate after the prompt (their logits and routes are recorded too).
     #[arg(long, default_value_t = 16)]
     pub generate: usize,
+    /// Also report the hidden rows after these decoder layers (0-based, comma-separated) for
+    /// every prompt position, as `prompt_hidden` (`{layer: [[values] per position]}`).
+    #[arg(long, value_delimiter = ',')]
+    pub hidden_layers: Vec<usize>,
     /// Write the JSON here (default: stdout).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -67,12 +72,24 @@ pub fn run(a: &LogitsArgs) -> anyhow::Result<()> {
     let mut engine = load_engine(&root, &a.store, 0)?;
     let routes = Arc::new(RouteCollector::default());
     engine.model_mut().observe(routes.clone());
+    let tap = Arc::new(HiddenTap::new(&a.hidden_layers));
+    if !a.hidden_layers.is_empty() {
+        engine.model_mut().observe(tap.clone());
+    }
     let model = engine.model();
     let mut state = model.new_state();
     // Prompt: every position's logits `[T, V]`.
     let all = model.forward_all(&a.prompt_ids, &mut state)?;
     let prompt_logits: Vec<Vec<f32>> = all.to_vec2()?;
     let prompt_routes = routes_json(&routes);
+    let hidden: serde_json::Map<String, serde_json::Value> = tap
+        .take()
+        .into_iter()
+        .map(|t| {
+            let rows: Vec<&[f32]> = t.rows.chunks(t.width.max(1)).collect();
+            (t.layer.to_string(), serde_json::json!(rows))
+        })
+        .collect();
     let mut next = argmax(prompt_logits.last().context("empty prompt")?);
     let (mut greedy, mut gen_logits, mut gen_routes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..a.generate {
@@ -82,28 +99,7 @@ pub fn run(a: &LogitsArgs) -> anyhow::Result<()> {
         next = argmax(&l);
         gen_logits.push(l);
     }
-    write_doc(
-        a,
-        &root,
-        prompt_logits,
-        prompt_routes,
-        greedy,
-        gen_logits,
-        gen_routes,
-    )
-}
-
-/// Writes the document `logits` prints.
-fn write_doc(
-    a: &LogitsArgs,
-    root: &std::path::Path,
-    prompt_logits: Vec<Vec<f32>>,
-    prompt_routes: serde_json::Value,
-    greedy: Vec<u32>,
-    gen_logits: Vec<Vec<f32>>,
-    gen_routes: Vec<serde_json::Value>,
-) -> anyhow::Result<()> {
-    let doc = serde_json::json!({
+    let mut doc = serde_json::json!({
         "model_root": root.display().to_string(),
         "prompt_ids": a.prompt_ids,
         "prompt_logits": prompt_logits,
@@ -112,7 +108,15 @@ fn write_doc(
         "greedy_logits": gen_logits,
         "greedy_routes": gen_routes,
     });
-    let text = serde_json::to_string(&doc)?;
+    if !a.hidden_layers.is_empty() {
+        doc["prompt_hidden"] = serde_json::Value::Object(hidden);
+    }
+    write_doc(a, &doc)
+}
+
+/// Writes the document `logits` prints.
+fn write_doc(a: &LogitsArgs, doc: &serde_json::Value) -> anyhow::Result<()> {
+    let text = serde_json::to_string(doc)?;
     match &a.out {
         Some(p) => deltafin::fsio::atomic::write_atomic(p, text.as_bytes())
             .with_context(|| format!("writing {}", p.display()))?,
