@@ -83,6 +83,24 @@ for spec in "0 3 --shape=tiny" "1 5 --hidden=128 --heads=8 --head-dim=32 --exper
         --model "$work/qwen3-moe-$seed" --name "Qwen3-MoE (seed $seed, $shards shard files $*)" \
         --seed "$seed" --prompt-len 40 --generate 8 --json "$work/qwen3-moe-$seed.json" || status=1
 done
+# EAGLE-3 draft heads (issue 44) against vLLM `speculators`' own module (CPU torch, fp32):
+# four random heads written by speculators (norm before residual or not, a Qwen3 layer with
+# norm before fc, per-tap fc norms with post-norm feedback), one also in SpecForge's spelling;
+# every position's draft logits and target ids, and a control that must fail. speculators'
+# own dependencies pull another torch, so it is installed without them beside the torch venv,
+# with the few it imports.
+spec_dir=${XDG_CACHE_HOME:-$HOME/.cache}/deltafin/speculators-0.9.0
+if ! PYTHONPATH="$spec_dir/pkg:$spec_dir/deps" "$tvenv/bin/python" \
+    -c 'import speculators.models.eagle3.core' 2>/dev/null; then
+    rm -rf "$spec_dir"
+    "$tvenv/bin/pip" install -q --disable-pip-version-check --no-deps --target "$spec_dir/pkg" \
+        'speculators==0.9.0' 'hs-connectors==0.9.0'
+    "$tvenv/bin/pip" install -q --disable-pip-version-check --target "$spec_dir/deps" \
+        'openai==3.63.0' 'loguru==0.7.3' 'pydantic-settings==2.16.3' 'datasets==5.2.0'
+fi
+mkdir -p "$work/eagle3"
+PYTHONPATH="$spec_dir/pkg:$spec_dir/deps" "$tvenv/bin/python" "$repo/scripts/eagle3_reference.py" \
+    --deltafin "$bin" --work "$work/eagle3" || status=1
 # Harmony prompts (gpt-oss) against OpenAI's renderer, openai-harmony, token for token with the
 # real o200k_harmony vocabulary: o200k_base's ranks come from the npm package `tiktoken` (the
 # script accepts them only with the SHA-256 openai-harmony checks); transformers' converter

@@ -49,6 +49,7 @@ pub mod assets;
 pub mod chat;
 pub mod checkpoint;
 pub mod compute;
+pub mod drafters;
 pub mod engine;
 pub mod error;
 pub mod eval;

@@ -321,7 +321,10 @@ impl deltafin::runtime::observe::Observer for Recorder {
             Event::FfnIn => "ffn-in".into(),
             Event::Routes(r) => format!("routes {}", r.len()),
             Event::Ffn(t) => format!("ffn {:?}", t.dims()),
-            Event::LayerDone(t) => format!("done {:?}", t.dims()),
+            Event::LayerDone(t) => {
+                let n = t.to_f32().unwrap().len();
+                format!("done {:?}", [n / t.width(), t.width()])
+            }
             Event::Kept { rows } => format!("kept {rows}"),
             Event::PassEnd => "end".into(),
             Event::Prefill(s) => format!("prefill {} {} {}", s.layer, s.pass, s.positions),

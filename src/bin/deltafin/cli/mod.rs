@@ -3,6 +3,7 @@
 mod bench_args;
 mod bench_run;
 pub mod doctor;
+mod eagle3;
 pub mod eval;
 pub mod events;
 mod fixture;
@@ -78,6 +79,9 @@ pub enum Command {
     /// Print every prompt position's logits, the routes and a greedy continuation as JSON (for
     /// checks against another implementation).
     Logits(logits::LogitsArgs),
+    /// Run one EAGLE-3 draft-head step over given token ids and target rows and print its
+    /// logits as JSON (for checks against another implementation of the head).
+    Eagle3Logits(eagle3::Eagle3Args),
     /// Print the prompt ids `serve` would feed for chat request bodies (JSON lines), rendered
     /// in the model's chat format with its tokenizer (no weights are loaded).
     Render(render::RenderArgs),
@@ -142,6 +146,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(a) => run::run(&a)?,
         Command::Logits(a) => logits::run(&a)?,
+        Command::Eagle3Logits(a) => eagle3::run(&a)?,
         Command::Render(a) => render::run(&a)?,
         Command::Doctor(a) => doctor::run(&a)?,
         Command::Serve(a) => serve::serve(&a)?,

@@ -1,0 +1,9 @@
+//! EAGLE-3 draft heads (docs/drafters.md): the config in either published spelling (`config`)
+//! and the head over its mapped tensors (`head`): one step over `T` positions with its own
+//! key/value rows, logits over the draft vocabulary mapped to target ids through `d2t`.
+
+pub mod config;
+pub mod head;
+
+pub use config::{Eagle3Config, Spelling};
+pub use head::{DraftCache, Eagle3Head, HeadInput, StepOutput};
