@@ -27,21 +27,44 @@ impl Lcg {
     }
 }
 
+/// A head's sizes: target vocabulary, draft vocabulary, hidden, the target's hidden, and the
+/// tapped layers as speculators counts them.
+struct Dims {
+    v: usize,
+    vd: usize,
+    ht: usize,
+    ids: [usize; 3],
+    /// Scale of `fc`'s weights (small: the embeddings weigh as much as the target's rows).
+    fc: f32,
+}
+
+const SMALL: Dims = Dims {
+    v: V,
+    vd: VD,
+    ht: H,
+    ids: [2, 4, 6],
+    fc: 0.2,
+};
+
 fn write_head(dir: &Path, d2t: Option<Vec<i64>>, layers: usize) {
+    write_head_dims(dir, d2t, layers, &SMALL)
+}
+
+fn write_head_dims(dir: &Path, d2t: Option<Vec<i64>>, layers: usize, d: &Dims) {
     std::fs::create_dir_all(dir).unwrap();
     let cfg = serde_json::json!({
         "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-        "draft_vocab_size": VD, "norm_before_residual": false,
-        "eagle_aux_hidden_state_layer_ids": [2, 4, 6],
+        "draft_vocab_size": d.vd, "norm_before_residual": false, "target_hidden_size": d.ht,
+        "eagle_aux_hidden_state_layer_ids": d.ids,
         "transformer_layer_config": {"model_type": "llama", "hidden_size": H,
             "intermediate_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 8, "vocab_size": V, "rms_norm_eps": 1e-5, "num_hidden_layers": layers,
+            "head_dim": 8, "vocab_size": d.v, "rms_norm_eps": 1e-5, "num_hidden_layers": layers,
             "rope_parameters": {"rope_theta": 1000.0, "rope_type": "default"}}});
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     let mut rng = Lcg(7);
     let shapes: Vec<(&str, Vec<usize>, f32)> = vec![
-        ("fc.weight", vec![H, 3 * H], 0.2),
-        ("embed_tokens.weight", vec![V, H], 1.0),
+        ("fc.weight", vec![H, 3 * d.ht], d.fc),
+        ("embed_tokens.weight", vec![d.v, H], 1.0),
         ("layers.0.input_layernorm.weight", vec![H], -1.0),
         ("layers.0.hidden_norm.weight", vec![H], -1.0),
         ("layers.0.post_attention_layernorm.weight", vec![H], -1.0),
@@ -53,7 +76,7 @@ fn write_head(dir: &Path, d2t: Option<Vec<i64>>, layers: usize) {
         ("layers.0.mlp.up_proj.weight", vec![48, H], 0.2),
         ("layers.0.mlp.down_proj.weight", vec![H, 48], 0.2),
         ("norm.weight", vec![H], -1.0),
-        ("lm_head.weight", vec![VD, H], 0.3),
+        ("lm_head.weight", vec![d.vd, H], 0.3),
     ];
     let mut data: HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> = HashMap::new();
     for (name, shape, s) in shapes {
@@ -67,9 +90,9 @@ fn write_head(dir: &Path, d2t: Option<Vec<i64>>, layers: usize) {
             .collect();
         data.insert(name.into(), (Dtype::F32, shape, v));
     }
-    if let Some(d) = d2t {
-        let b: Vec<u8> = d.iter().flat_map(|x| x.to_le_bytes()).collect();
-        data.insert("d2t".into(), (Dtype::I64, vec![VD], b));
+    if let Some(map) = d2t {
+        let b: Vec<u8> = map.iter().flat_map(|x| x.to_le_bytes()).collect();
+        data.insert("d2t".into(), (Dtype::I64, vec![d.vd], b));
     }
     let views: Vec<(String, TensorView<'_>)> = data
         .iter()
@@ -169,4 +192,153 @@ fn malformed_heads_are_refused_by_name() {
         .unwrap();
     assert!(e.to_string().contains("tapped rows"), "{e}");
     assert!(head.embed(&[V as u32]).is_err());
+}
+
+/// The head as the decoding loop's drafter on a target (K3-nano): it drafts from the target's
+/// tapped rows, and the verify pass keeps the output exactly plain greedy decoding's.
+#[test]
+fn the_drafter_drafts_from_the_targets_rows_and_changes_no_token() {
+    use deltafin::drafters::eagle3::Eagle3Drafter;
+    use deltafin::runtime::generate::Drafter;
+    use deltafin::runtime::generate::{argmax, SpecMode, Speculation};
+    use deltafin::{Engine, EngineOptions, GenerateOptions, Generator};
+    use std::sync::atomic::AtomicBool;
+    let d = tempfile::tempdir().unwrap();
+    let nano = d.path().join("nano");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args(["fixture", "nano"])
+        .arg(&nano)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(nano.join("config.json")).unwrap()).unwrap();
+    let text = cfg.get("text_config").unwrap_or(&cfg);
+    let (v, ht) = (
+        text["vocab_size"].as_u64().unwrap() as usize,
+        text["hidden_size"].as_u64().unwrap() as usize,
+    );
+    let layers = text["num_hidden_layers"].as_u64().unwrap() as usize;
+    let dims = Dims {
+        v,
+        vd: 64,
+        ht,
+        ids: [2, 4, 6],
+        fc: 0.002,
+    };
+    let head_dir = d.path().join("head");
+    let d2t: Vec<i64> = (0..64).map(|i| i * 5).collect();
+    write_head_dims(&head_dir, Some(d2t), 1, &dims);
+    let head = std::sync::Arc::new(Eagle3Head::open(&head_dir).unwrap());
+    let mut e = Engine::open(&nano, &EngineOptions::default()).unwrap();
+    let (mut drafter, tap) = Eagle3Drafter::new(head, layers);
+    e.model_mut().observe(tap);
+    let m = e.model();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % v as u32).collect();
+    let no = AtomicBool::new(false);
+    let opts = |spec| GenerateOptions {
+        max_new: 24,
+        speculation: spec,
+        ..Default::default()
+    };
+    let g = Generator::new(m);
+    let plain = g
+        .generate_drafted(
+            &mut m.new_state(),
+            &prompt,
+            &opts(Speculation::OFF),
+            &no,
+            &mut |l: &[f32]| argmax(l),
+            &mut drafter,
+            |_| {},
+        )
+        .unwrap();
+    let spec = Speculation {
+        mode: SpecMode::Ngram,
+        depth: 4,
+    };
+    let (mut drafter2, tap2) = {
+        let head = std::sync::Arc::new(Eagle3Head::open(&head_dir).unwrap());
+        Eagle3Drafter::new(head, layers)
+    };
+    drop(e);
+    let mut e = Engine::open(&nano, &EngineOptions::default()).unwrap();
+    e.model_mut().observe(tap2);
+    let m = e.model();
+    let drafted = Generator::new(m)
+        .generate_drafted(
+            &mut m.new_state(),
+            &prompt,
+            &opts(spec),
+            &no,
+            &mut |l: &[f32]| argmax(l),
+            &mut drafter2,
+            |_| {},
+        )
+        .unwrap();
+    assert_eq!(drafted.generated_ids, plain.generated_ids);
+    assert!(drafted.spec.drafted > 0, "{:?}", drafted.spec);
+
+    // Alignment: after the prompt's pass, the first draft is the head's step over positions
+    // 0..P (the embedding of token t + 1 with the target's rows at t), computed by hand.
+    let head = std::sync::Arc::new(Eagle3Head::open(&head_dir).unwrap());
+    let (mut drafter3, tap3) = Eagle3Drafter::new(head.clone(), layers);
+    let hand = std::sync::Arc::new(deltafin::runtime::observers::HiddenTap::new(&[1, 3, 5]));
+    e.model_mut().observe(tap3);
+    e.model_mut().observe(hand.clone());
+    let m = e.model();
+    // A short prompt: over long contexts this random head's argmax settles on one token.
+    let prompt = &prompt[..7];
+    let mut st = m.new_state();
+    let last = m
+        .forward(prompt, &mut st)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let x0 = argmax(&last);
+    let mut context = prompt.to_vec();
+    context.push(x0);
+    let got = drafter3.propose(&context, 3);
+    let rows = hand.take();
+    let p = prompt.len();
+    let taps: Vec<f32> = (0..p)
+        .flat_map(|r| {
+            rows.iter()
+                .flat_map(move |t| t.rows[r * ht..][..ht].to_vec())
+        })
+        .collect();
+    let embeds = head.embed(&context[1..=p]).unwrap();
+    let mut cache = DraftCache::default();
+    let out = head
+        .step(&embeds, HeadInput::Taps(&taps), &mut cache)
+        .unwrap();
+    // The chain: each draft's embedding with the head's own row of the step before.
+    let mut want = vec![head.target_id(argmax(&out.logits[(p - 1) * 64..]) as usize)];
+    let mut row = out.rows[(p - 1) * 32..].to_vec();
+    while want.len() < 3 {
+        let e = head.embed(&want[want.len() - 1..]).unwrap();
+        let o = head.step(&e, HeadInput::Rows(&row), &mut cache).unwrap();
+        want.push(head.target_id(argmax(&o.logits) as usize));
+        row = o.rows;
+    }
+    assert_eq!(got, want);
+    // The head's proposals depend on its inputs (else this check could not see a shift).
+    let shifted = head
+        .step(
+            &head.embed(&context[..p]).unwrap(),
+            HeadInput::Taps(&taps),
+            &mut DraftCache::default(),
+        )
+        .unwrap();
+    let other: Vec<u32> = (0..p)
+        .map(|r| head.target_id(argmax(&shifted.logits[r * 64..][..64]) as usize))
+        .collect();
+    let mine: Vec<u32> = (0..p)
+        .map(|r| head.target_id(argmax(&out.logits[r * 64..][..64]) as usize))
+        .collect();
+    assert_ne!(
+        other[p - 1],
+        mine[p - 1],
+        "the embeddings do not move the head's first draft: the check above cannot see a shift"
+    );
 }

@@ -14,6 +14,8 @@ pub struct Tapped {
     pub layer: usize,
     /// Values per row (the hidden size).
     pub width: usize,
+    /// The sequence position of the first row.
+    pub first: usize,
     /// `T * width` values, row-major, one row per position.
     pub rows: Vec<f32>,
 }
@@ -25,6 +27,8 @@ pub struct Tapped {
 pub struct HiddenTap {
     layers: Vec<usize>,
     got: Mutex<Vec<Tapped>>,
+    /// The first position of the pass under way.
+    pass_first: Mutex<usize>,
 }
 
 impl HiddenTap {
@@ -33,6 +37,7 @@ impl HiddenTap {
         HiddenTap {
             layers: layers.to_vec(),
             got: Mutex::new(Vec::new()),
+            pass_first: Mutex::new(0),
         }
     }
 
@@ -67,6 +72,7 @@ impl Observer for HiddenTap {
                     Tapped {
                         layer,
                         width: rows.width(),
+                        first: self.pass_first.lock().map_or(0, |f| *f),
                         rows: v,
                     },
                 );
