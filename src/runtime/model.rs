@@ -16,7 +16,7 @@ use crate::runtime::state::SeqState;
 use crate::chat::ChatFormat;
 use crate::experts::{ExpertProvider, ExpertStats};
 use crate::runtime::memory::MemoryPlan;
-use crate::spine::source::SpineReport;
+use crate::spine::report::SpineReport;
 use crate::Result;
 
 /// Which logits a forward call returns.

@@ -7,6 +7,7 @@ pub mod device;
 mod gather;
 pub mod layer;
 pub mod options;
+pub mod report;
 pub mod slot;
 pub mod source;
 

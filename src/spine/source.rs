@@ -13,6 +13,7 @@ use candle::{Device, Tensor};
 use super::backing::{choose_pinned, pack_from_shards, small_from_file, Backing, Inner};
 use super::convert::{global_names, is_small, layer_names, SpineFormat};
 use super::layer::{parse_header, read_file, Entry, LayerData};
+use super::report::SpineReport;
 use super::to_f32;
 use crate::checkpoint::DtypeExt;
 use crate::checkpoint::Inventory;
@@ -384,34 +385,6 @@ impl Spine {
             thread,
         }
     }
-}
-
-/// What the spine looks like at startup.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct SpineReport {
-    /// bf16 or int8.
-    #[serde(serialize_with = "ser_format")]
-    pub format: SpineFormat,
-    /// From the converted store (else the shards).
-    pub from_store: bool,
-    /// Layers pinned in RAM.
-    pub layers_pinned: usize,
-    /// Layers streamed every token.
-    pub layers_streamed: usize,
-    /// Bytes of pinned layers.
-    pub resident_bytes: u64,
-    /// Spine bytes read per token.
-    pub bytes_read_per_token: u64,
-    /// Whether streamed layers are read with `O_DIRECT`.
-    pub direct: bool,
-    /// The store files of the streamed layers (empty when the spine comes from the shards):
-    /// the bytes a token re-reads, which a storage bound should be measured on.
-    #[serde(skip)]
-    pub streamed_files: Vec<std::path::PathBuf>,
-}
-
-fn ser_format<S: serde::Serializer>(f: &SpineFormat, s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_str(f.dir_name())
 }
 
 /// One forward pass over the layers.

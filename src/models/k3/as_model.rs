@@ -103,7 +103,7 @@ impl Model for K3Model {
         Some((t.num_experts_per_token, t.num_experts))
     }
 
-    fn spine_report(&self) -> Option<crate::spine::source::SpineReport> {
+    fn spine_report(&self) -> Option<crate::spine::report::SpineReport> {
         Some(self.spine().report())
     }
 
