@@ -70,3 +70,27 @@ fn tapped_rows_cover_every_position_on_every_family() {
         assert!(rel(&whole[0].rows, &whole[1].rows) > 1e-3, "{name}");
     }
 }
+
+/// A tap with a row limit keeps the most recent rows per layer and counts the dropped ones in
+/// `first`: the rows it keeps are those an unlimited tap holds at the same positions.
+#[test]
+fn a_limited_tap_keeps_the_latest_rows_and_their_position() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("nano");
+    fixture("nano", &root);
+    let mut e = Engine::open(&root, &EngineOptions::default()).unwrap();
+    let all = Arc::new(HiddenTap::new(&[2]));
+    let few = Arc::new(HiddenTap::with_limit(&[2], 3));
+    e.model_mut().observe(all.clone());
+    e.model_mut().observe(few.clone());
+    let m = e.model();
+    let mut st = m.new_state();
+    m.forward(&[3, 17, 5, 9, 30], &mut st).unwrap();
+    m.forward(&[2], &mut st).unwrap();
+    m.forward(&[11], &mut st).unwrap();
+    let (a, f) = (&all.take()[0], &few.take()[0]);
+    assert_eq!(a.first, 0);
+    assert_eq!(a.rows.len(), 7 * a.width);
+    assert_eq!(f.first, 4, "7 positions, 3 kept");
+    assert_eq!(f.rows, a.rows[4 * a.width..]);
+}

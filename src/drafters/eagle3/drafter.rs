@@ -13,6 +13,10 @@ use super::head::{DraftCache, Eagle3Head, HeadInput};
 use crate::runtime::generate::{argmax, Drafter};
 use crate::runtime::observers::{HiddenTap, Tapped};
 
+/// Most target rows held between proposals: a long stretch without drafts (the depth
+/// controller turned speculation down) costs at most this many rows per tapped layer.
+const TAP_ROWS: usize = 4096;
+
 /// An EAGLE-3 head drafting for a target whose passes `tap` watches.
 pub struct Eagle3Drafter {
     head: Arc<Eagle3Head>,
@@ -33,7 +37,8 @@ impl Eagle3Drafter {
     /// attach to the target (`Model::observe`) before its first pass.
     pub fn new(head: Arc<Eagle3Head>, target_layers: usize) -> (Self, Arc<HiddenTap>) {
         let layers = head.config().taps(target_layers);
-        let tap = Arc::new(HiddenTap::new(&layers));
+        // Rows past this many since the last proposal are dropped (the head then starts over).
+        let tap = Arc::new(HiddenTap::with_limit(&layers, TAP_ROWS));
         let d = Eagle3Drafter {
             head,
             tap: tap.clone(),

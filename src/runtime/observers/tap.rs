@@ -29,6 +29,8 @@ pub struct HiddenTap {
     got: Mutex<Vec<Tapped>>,
     /// The first position of the pass under way.
     pass_first: Mutex<usize>,
+    /// Most rows kept per layer between `take`s (the oldest go first).
+    max_rows: usize,
 }
 
 impl HiddenTap {
@@ -38,6 +40,17 @@ impl HiddenTap {
             layers: layers.to_vec(),
             got: Mutex::new(Vec::new()),
             pass_first: Mutex::new(0),
+            max_rows: usize::MAX,
+        }
+    }
+
+    /// A tap that keeps at most the `max_rows` most recent rows per layer between `take`s
+    /// (a drafter not asked for drafts for a while must not hold every row of a long
+    /// generation); `Tapped::first` counts the dropped ones.
+    pub fn with_limit(layers: &[usize], max_rows: usize) -> Self {
+        HiddenTap {
+            max_rows: max_rows.max(1),
+            ..Self::new(layers)
         }
     }
 
@@ -63,20 +76,33 @@ impl Observer for HiddenTap {
             Ok(v) => v,
             Err(e) => return tracing::warn!("hidden tap: layer {layer}: {e}"),
         };
-        match got.iter_mut().find(|t| t.layer == layer) {
-            Some(t) => t.rows.extend(v),
+        let first = self.pass_first.lock().map_or(0, |f| *f);
+        let at = match got.iter().position(|t| t.layer == layer) {
+            Some(at) => {
+                got[at].rows.extend(v);
+                at
+            }
             None => {
                 let at = got.partition_point(|t| t.layer < layer);
+                let width = rows.width();
                 got.insert(
                     at,
                     Tapped {
                         layer,
-                        width: rows.width(),
-                        first: self.pass_first.lock().map_or(0, |f| *f),
+                        width,
+                        first,
                         rows: v,
                     },
                 );
+                at
             }
+        };
+        let t = &mut got[at];
+        let held = t.rows.len() / t.width.max(1);
+        if held > self.max_rows {
+            let drop = held - self.max_rows;
+            t.rows.drain(..drop * t.width);
+            t.first += drop;
         }
     }
 }
