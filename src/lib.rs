@@ -72,6 +72,7 @@ pub mod server;
 mod shaders;
 pub mod spine;
 pub mod tokenizer;
+pub mod training;
 
 // The front door, at the root: what the README's library example uses.
 pub use engine::{ChatTurn, Engine, EngineOptions, Session, SessionSnapshot};

@@ -230,9 +230,8 @@ fn the_drafter_drafts_from_the_targets_rows_and_changes_no_token() {
     let d2t: Vec<i64> = (0..64).map(|i| i * 5).collect();
     write_head_dims(&head_dir, Some(d2t), 1, &dims);
     let head = std::sync::Arc::new(Eagle3Head::open(&head_dir).unwrap());
-    let mut e = Engine::open(&nano, &EngineOptions::default()).unwrap();
-    let (mut drafter, tap) = Eagle3Drafter::new(head, layers);
-    e.model_mut().observe(tap);
+    let e = Engine::open(&nano, &EngineOptions::default()).unwrap();
+    let mut drafter = Eagle3Drafter::new(head, layers);
     let m = e.model();
     let prompt: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % v as u32).collect();
     let no = AtomicBool::new(false);
@@ -257,13 +256,12 @@ fn the_drafter_drafts_from_the_targets_rows_and_changes_no_token() {
         mode: SpecMode::Ngram,
         depth: 4,
     };
-    let (mut drafter2, tap2) = {
+    let mut drafter2 = {
         let head = std::sync::Arc::new(Eagle3Head::open(&head_dir).unwrap());
         Eagle3Drafter::new(head, layers)
     };
     drop(e);
     let mut e = Engine::open(&nano, &EngineOptions::default()).unwrap();
-    e.model_mut().observe(tap2);
     let m = e.model();
     let drafted = Generator::new(m)
         .generate_drafted(
@@ -277,14 +275,22 @@ fn the_drafter_drafts_from_the_targets_rows_and_changes_no_token() {
         )
         .unwrap();
     assert_eq!(drafted.generated_ids, plain.generated_ids);
-    assert!(drafted.spec.drafted > 0, "{:?}", drafted.spec);
+    // It drafts in every verify pass, not only after the prompt's: its tap follows the
+    // positions of each pass (a tap that placed every pass at position 0 drafted once).
+    assert!(drafted.spec.verify_passes > 3, "{:?}", drafted.spec);
+    // (the last pass may have room for no draft).
+    assert!(
+        drafted.spec.verify_passes + 1 >= drafted.spec.passes,
+        "{:?}",
+        drafted.spec
+    );
 
     // Alignment: after the prompt's pass, the first draft is the head's step over positions
     // 0..P (the embedding of token t + 1 with the target's rows at t), computed by hand.
     let head = std::sync::Arc::new(Eagle3Head::open(&head_dir).unwrap());
-    let (mut drafter3, tap3) = Eagle3Drafter::new(head.clone(), layers);
+    let mut drafter3 = Eagle3Drafter::new(head.clone(), layers);
     let hand = std::sync::Arc::new(deltafin::runtime::observers::HiddenTap::new(&[1, 3, 5]));
-    e.model_mut().observe(tap3);
+    e.model_mut().observe(drafter3.tap().clone());
     e.model_mut().observe(hand.clone());
     let m = e.model();
     // A short prompt: over long contexts this random head's argmax settles on one token.

@@ -26,12 +26,14 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The rows a prompt's one pass taps equal, row by row, those of feeding it one token per pass
-/// (so the tap sees every position in order, whatever the pass shape), on K3, gpt-oss and
+/// (so the tap sees every position in order, whatever the pass shape and however many
+/// chunks a pass holds), on K3, gpt-oss and
 /// Qwen3-MoE; a layer the model lacks is absent.
 #[test]
 fn tapped_rows_cover_every_position_on_every_family() {
     let d = tempfile::tempdir().unwrap();
-    let prompt = [3u32, 17, 5, 9, 30, 2, 11];
+    // Longer than a prefill chunk, so one pass holds several chunks per layer.
+    let prompt: Vec<u32> = (0..200u32).map(|i| (i * 37 + 5) % 200 + 1).collect();
     for name in ["nano", "gpt-oss-tiny", "qwen3-moe"] {
         let root = d.path().join(name);
         fixture(name, &root);
@@ -42,6 +44,7 @@ fn tapped_rows_cover_every_position_on_every_family() {
         let mut st = m.new_state();
         m.forward_all(&prompt, &mut st).unwrap();
         let whole = tap.take();
+        assert!(whole.iter().all(|t| t.first == 0), "{name}");
         assert_eq!(
             whole.iter().map(|t| t.layer).collect::<Vec<_>>(),
             [0, 1],

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::head::{DraftCache, Eagle3Head, HeadInput};
 use crate::runtime::generate::{argmax, Drafter};
+use crate::runtime::observe::Observer;
 use crate::runtime::observers::{HiddenTap, Tapped};
 
 /// Most target rows held between proposals: a long stretch without drafts (the depth
@@ -33,23 +34,28 @@ pub struct Eagle3Drafter {
 }
 
 impl Eagle3Drafter {
-    /// A drafter over `head` for a target of `target_layers` decoder layers, and the tap to
-    /// attach to the target (`Model::observe`) before its first pass.
-    pub fn new(head: Arc<Eagle3Head>, target_layers: usize) -> (Self, Arc<HiddenTap>) {
+    /// A drafter over `head` for a target of `target_layers` decoder layers. Its tap watches
+    /// the passes the decoding loop runs with it (`Drafter::observer`).
+    pub fn new(head: Arc<Eagle3Head>, target_layers: usize) -> Self {
         let layers = head.config().taps(target_layers);
         // Rows past this many since the last proposal are dropped (the head then starts over).
         let tap = Arc::new(HiddenTap::with_limit(&layers, TAP_ROWS));
-        let d = Eagle3Drafter {
+        Eagle3Drafter {
             head,
-            tap: tap.clone(),
+            tap,
             layers,
             base: 0,
             taps: Vec::new(),
             start: 0,
             fed: 0,
             cache: DraftCache::default(),
-        };
-        (d, tap)
+        }
+    }
+
+    /// The tap on the target's passes, to attach to a pass run outside the decoding loop
+    /// (`Forward::observer`, or `Model::observe` for a single sequence).
+    pub fn tap(&self) -> &Arc<HiddenTap> {
+        &self.tap
     }
 
     fn width(&self) -> usize {
@@ -100,6 +106,10 @@ impl Eagle3Drafter {
 }
 
 impl Drafter for Eagle3Drafter {
+    fn observer(&self) -> Option<&dyn Observer> {
+        Some(self.tap.as_ref())
+    }
+
     fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
         // The last emitted token is not in the target yet: it holds `n − 1` positions.
         let valid = context.len().saturating_sub(1);

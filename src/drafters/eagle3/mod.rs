@@ -6,6 +6,7 @@
 pub mod config;
 pub mod drafter;
 pub mod head;
+pub mod train;
 
 pub use config::{Eagle3Config, Spelling};
 pub use drafter::Eagle3Drafter;

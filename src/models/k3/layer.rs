@@ -220,8 +220,11 @@ impl Layer {
             .zip(oms)
             .map(|(p, om)| p + om)
             .collect::<candle::Result<Vec<_>>>()?;
-        if let Some(hl) = h.last() {
-            obs.on(l, &Event::LayerDone(Rows::Tensor(hl)));
+        // Every chunk's rows, in order (a long prefill or a batch holds several chunks).
+        match h.as_slice() {
+            [] => {}
+            [one] => obs.on(l, &Event::LayerDone(Rows::Tensor(one))),
+            all => obs.on(l, &Event::LayerDone(Rows::Tensor(&Tensor::cat(all, 0)?))),
         }
         Ok(h)
     }

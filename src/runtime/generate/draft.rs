@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use crate::runtime::observe::Observer;
 use crate::tokenizer::Tokenizer;
 
 /// Proposes tokens likely to follow a context.
@@ -21,6 +22,13 @@ pub trait Drafter: Send {
 
     /// Told how many of the last proposal the model accepted (for drafters that adapt).
     fn accepted(&mut self, _proposed: usize, _accepted: usize) {}
+
+    /// What watches every pass of the target over this drafter's sequence (a drafter that
+    /// reads the target's hidden states taps them here; the decoding loop passes it with each
+    /// pass, so no second target pass is needed).
+    fn observer(&self) -> Option<&dyn Observer> {
+        None
+    }
 }
 
 /// The n-gram drafter: longest suffix match over the context, from `max_n` tokens down to

@@ -152,6 +152,7 @@ impl<'m> Generator<'m> {
         let t0 = Instant::now();
         let prefill = Forward {
             cancel: Some(cancel),
+            observer: drafter.observer(),
             ..Default::default()
         };
         let Some(Output { logits, .. }) = self.model.run(prompt, state, &prefill)? else {
@@ -235,6 +236,7 @@ impl<'m> Generator<'m> {
             // One step without drafts; a verify pass (with its undo record) with them.
             let f = Forward {
                 undo: !drafts.is_empty(),
+                observer: drafter.observer(),
                 ..Default::default()
             };
             let (r, secs) = spec::timed(|| self.model.run(&ids, state, &f));

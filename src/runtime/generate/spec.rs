@@ -101,9 +101,11 @@ impl SpecStats {
 }
 
 /// Chooses the number of drafts per pass from measured rates: a pass of `r` rows costs
-/// `t1 + (r − 1)·b` (both measured as exponential averages), a draft is accepted with
-/// probability `α` (measured), so `k` drafts emit `Σ_{i≤k} α^i` tokens on average; the depth
-/// with the most tokens per second wins, 0 included.
+/// `t1 + (r − 1)·b` (the fixed part, what the pass reads, and the per-row compute, both
+/// measured as exponential averages); the draft at position `i` of a proposal is accepted, when
+/// every draft before it was, with probability `α_i` (measured per position), so `k` drafts
+/// emit `1 + Σ_{j≤k} Π_{i≤j} α_i` tokens on average; the depth with the most tokens per second
+/// wins, 0 included.
 #[derive(Debug, Clone)]
 pub struct DepthController {
     spec: Speculation,
@@ -111,8 +113,8 @@ pub struct DepthController {
     t1: Option<f64>,
     /// Extra seconds per extra row.
     per_row: Option<f64>,
-    /// Accepted and verified drafts (decayed counts).
-    acc: (f64, f64),
+    /// Per draft position: accepted and judged drafts (decayed counts).
+    acc: [(f64, f64); MAX_DEPTH],
     /// Passes since the last verify pass (a re-probe every `PROBE` keeps the rates current).
     since_verify: usize,
 }
@@ -127,14 +129,28 @@ impl DepthController {
             spec,
             t1: None,
             per_row: None,
-            acc: (1.0, 2.0),
+            // A prior of one in two, worth two drafts.
+            acc: [(1.0, 2.0); MAX_DEPTH],
             since_verify: 0,
         }
     }
 
-    /// The acceptance estimate.
-    pub fn alpha(&self) -> f64 {
-        self.acc.0 / self.acc.1.max(1e-9)
+    /// The acceptance estimate of the draft at `position` (0-based) given every earlier one
+    /// was accepted.
+    pub fn alpha(&self, position: usize) -> f64 {
+        let (a, n) = self.acc[position.min(MAX_DEPTH - 1)];
+        a / n.max(1e-9)
+    }
+
+    /// Tokens a pass with `k` drafts emits on average (the pass's own token included).
+    pub fn expected_tokens(&self, k: usize) -> f64 {
+        let mut reach = 1.0;
+        let mut tokens = 1.0;
+        for i in 0..k {
+            reach *= self.alpha(i);
+            tokens += reach;
+        }
+        tokens
     }
 
     /// Drafts to ask for in the next pass.
@@ -148,12 +164,8 @@ impl DepthController {
                     // Measure a single step first, then one wide pass.
                     return if self.t1.is_some() { max.min(2) } else { 0 };
                 };
-                let a = self.alpha();
                 let best = (0..=max)
-                    .map(|k| {
-                        let tokens: f64 = (0..=k).map(|i| a.powi(i as i32)).sum();
-                        (k, tokens / (t1 + k as f64 * b))
-                    })
+                    .map(|k| (k, self.expected_tokens(k) / (t1 + k as f64 * b)))
                     .fold((0, 0.0), |x, y| if y.1 > x.1 { y } else { x });
                 if best.0 == 0 && self.since_verify >= PROBE {
                     1
@@ -164,8 +176,8 @@ impl DepthController {
         }
     }
 
-    /// Records a pass of `rows` rows that took `secs`, with `drafted` drafts of which
-    /// `accepted` were accepted (drafts after a stop are not counted).
+    /// Records a pass of `rows` rows that took `secs`, with `drafted` drafts judged (those
+    /// after a rejection or a stop are not) of which the first `accepted` were accepted.
     pub fn record(&mut self, rows: usize, secs: f64, drafted: usize, accepted: usize) {
         let ema = |old: Option<f64>, x: f64| Some(old.map_or(x, |o| DECAY * o + (1.0 - DECAY) * x));
         if rows <= 1 {
@@ -176,13 +188,13 @@ impl DepthController {
             self.per_row = ema(self.per_row, extra);
             self.since_verify = 0;
         }
-        if drafted > 0 {
-            // `accepted` successes, then one failure if a draft was rejected.
-            let fail = if accepted < drafted { 1.0 } else { 0.0 };
-            self.acc = (
-                DECAY * self.acc.0 + accepted as f64,
-                DECAY * self.acc.1 + accepted as f64 + fail,
-            );
+        // Positions before `accepted` succeeded; the one at `accepted`, if judged, failed.
+        for (i, acc) in self.acc.iter_mut().enumerate().take(drafted) {
+            let ok = if i < accepted { 1.0 } else { 0.0 };
+            *acc = (DECAY * acc.0 + ok, DECAY * acc.1 + 1.0);
+            if i >= accepted {
+                break;
+            }
         }
     }
 }
@@ -220,6 +232,15 @@ mod tests {
             c.record(1, 1.0, 0, 0);
         }
         assert_eq!(c.depth(), 1, "a re-probe after {PROBE} single steps");
+        // Per position: the first draft always right, the second always wrong: one draft.
+        let mut c = DepthController::new(Speculation::default());
+        c.record(1, 1.0, 0, 0);
+        for _ in 0..40 {
+            c.record(9, 1.05, 2, 1);
+        }
+        assert!(c.alpha(0) > 0.95 && c.alpha(1) < 0.05, "{:?}", c.acc);
+        assert_eq!(c.depth(), 1);
+        assert!((c.expected_tokens(8) - 2.0).abs() < 0.1);
         assert_eq!(
             DepthController::new(Speculation::OFF).depth(),
             0,

@@ -65,10 +65,17 @@ impl HiddenTap {
 
 impl Observer for HiddenTap {
     fn on(&self, layer: usize, event: &Event<'_>) {
-        let Ok(mut got) = self.got.lock() else { return };
-        let Event::LayerDone(rows) = event else {
-            return;
+        let rows = match event {
+            Event::PassStart { first_pos, .. } => {
+                if let Ok(mut f) = self.pass_first.lock() {
+                    *f = *first_pos;
+                }
+                return;
+            }
+            Event::LayerDone(rows) => rows,
+            _ => return,
         };
+        let Ok(mut got) = self.got.lock() else { return };
         if !self.layers.contains(&layer) {
             return;
         }

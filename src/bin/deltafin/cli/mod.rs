@@ -16,6 +16,7 @@ pub mod run;
 mod run_report;
 mod serve;
 pub mod store;
+mod train_drafter;
 
 use std::path::PathBuf;
 
@@ -82,6 +83,9 @@ pub enum Command {
     /// Run one EAGLE-3 draft-head step over given token ids and target rows and print its
     /// logits as JSON (for checks against another implementation of the head).
     Eagle3Logits(eagle3::Eagle3Args),
+    /// Train an EAGLE-3 draft head for a model on its own greedy continuations and hidden
+    /// rows, written in the published layout (resumable; Ctrl-C checkpoints and stops).
+    TrainDrafter(train_drafter::TrainDrafterArgs),
     /// Print the prompt ids `serve` would feed for chat request bodies (JSON lines), rendered
     /// in the model's chat format with its tokenizer (no weights are loaded).
     Render(render::RenderArgs),
@@ -147,6 +151,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(a) => run::run(&a)?,
         Command::Logits(a) => logits::run(&a)?,
         Command::Eagle3Logits(a) => eagle3::run(&a)?,
+        Command::TrainDrafter(a) => train_drafter::run(&a)?,
         Command::Render(a) => render::run(&a)?,
         Command::Doctor(a) => doctor::run(&a)?,
         Command::Serve(a) => serve::serve(&a)?,

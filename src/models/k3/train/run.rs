@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use candle::{DType, Device, Tensor};
 use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
-use safetensors::tensor::TensorView;
 
 use super::data::{batch_windows, stream};
 use super::{config_json, Dims, Net};
@@ -79,37 +78,13 @@ struct State {
 }
 
 fn lr_at(o: &TrainOptions, step: usize) -> f64 {
-    if step < o.warmup {
-        return o.lr * (step + 1) as f64 / o.warmup as f64;
-    }
-    let p = (step - o.warmup) as f64 / (o.steps - o.warmup).max(1) as f64;
-    o.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p.min(1.0)).cos()))
+    crate::training::cosine_lr(o.lr, o.warmup, o.steps, step)
 }
 
 /// Saves the network and the loop state into `work`, each file atomically.
 fn save(net: &Net, work: &Path, state: &State) -> Result<()> {
     std::fs::create_dir_all(work).map_err(|e| Error::io(work, e))?;
-    let named = net.named_values()?;
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = named
-        .iter()
-        .map(|(n, t)| {
-            let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
-            Ok((
-                n.clone(),
-                t.dims().to_vec(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            ))
-        })
-        .collect::<Result<_>>()?;
-    let views = data
-        .iter()
-        .map(|(n, s, b)| {
-            TensorView::new(safetensors::Dtype::F32, s.clone(), b)
-                .map(|v| (n.clone(), v))
-                .map_err(|e| Error::Msg(e.to_string()))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let bytes = safetensors::serialize(views, None).map_err(|e| Error::Msg(e.to_string()))?;
+    let bytes = crate::training::f32_safetensors(&net.named_values()?)?;
     write_atomic(&work.join("weights.safetensors"), &bytes)?;
     let json = serde_json::to_vec_pretty(state).map_err(|e| Error::Msg(e.to_string()))?;
     write_atomic(&work.join("state.json"), &json)
@@ -157,26 +132,6 @@ pub fn run_config(o: &TrainOptions, tok: &Tokenizer) -> Result<(serde_json::Valu
     Ok((json, K3Config::from_root(root)?))
 }
 
-/// Scales `grads` so their global L2 norm is at most `max`; returns the norm before.
-fn clip(net: &Net, grads: &mut candle::backprop::GradStore, max: f64) -> Result<f64> {
-    let mut sq = 0f64;
-    for v in net.vars.values() {
-        if let Some(g) = grads.get(v.as_tensor()) {
-            sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        }
-    }
-    let norm = sq.sqrt();
-    if norm > max {
-        let k = max / norm;
-        for v in net.vars.values() {
-            if let Some(g) = grads.remove(v.as_tensor()) {
-                grads.insert(v.as_tensor(), (g * k)?);
-            }
-        }
-    }
-    Ok(norm)
-}
-
 /// One optimiser step on step `step`'s batch, then the router-bias nudge; returns the loss.
 fn train_step(
     o: &TrainOptions,
@@ -197,7 +152,7 @@ fn train_step(
     let pass = net.forward(&ids)?;
     let loss = candle_nn::loss::cross_entropy(&pass.logits, &tgt)?;
     let mut grads = loss.backward()?;
-    clip(net, &mut grads, 1.0)?;
+    crate::training::clip_grads(net.vars.values(), &mut grads, 1.0)?;
     opt.step(&grads)?;
     // noaux_tc: nudge each router bias against its expert's load, no auxiliary loss.
     let n = (o.batch * o.seq) as f64;
@@ -217,7 +172,7 @@ fn train_step(
 /// Trains (or resumes) per `o`; returns the network and what the run did. Stops early, after a
 /// checkpoint, when `cancel` is set.
 pub fn train(o: &TrainOptions, cancel: &AtomicBool) -> Result<(Net, TrainReport)> {
-    keep_freed_memory();
+    crate::training::keep_freed_memory();
     let tok = Tokenizer::from_dir(&o.tokenizer)?;
     let (_, cfg) = run_config(o, &tok)?;
     let mut text = String::new();
@@ -316,17 +271,4 @@ pub fn heldout_nll(net: &Net, tokens: &[u32], len: usize) -> Result<f64> {
         count += g.len() * n;
     }
     Ok(total / count.max(1) as f64)
-}
-
-/// Keeps freed memory in the process: each step allocates and frees the same large buffers,
-/// and glibc's default (mapping and unmapping them) spent 40% of a backward pass in page
-/// faults (measured: 2.2 s → 1.25 s per 2,048-token step).
-pub fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator thresholds.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_TOP_PAD, 256 << 20);
-    }
 }
