@@ -1,7 +1,7 @@
 //! Interactive multi-turn chat with K3, or any model the runtime runs (gpt-oss: harmony).
 //!
 //! `cargo run --release --example chat [MODEL_ROOT] [--no-thinking] [--show-reasoning]
-//! [--temperature 0.8] [--greedy] [--seed N] [--speculate auto|ngram|off] [--spec-depth 8]`
+//! [--temperature 0.8] [--greedy] [--seed N] [--speculate auto|ngram|off] [--spec-depth 8] [--drafter DIR|none]`
 //! uses the model in MODEL_ROOT (or `DELTAFIN_MODEL_ROOT`). Without one it chats with the
 //! built-in K3-tiny (`assets/k3-tiny`, a small trained model in K3's exact format), so the example
 //! answers in English on a fresh machine without network. `/save NAME` writes the session
@@ -44,12 +44,19 @@ fn main() -> anyhow::Result<()> {
     let (mut temperature, mut seed) = (0.8f64, 0u64);
     // Speculative decoding (auto by default): the replies are the same either way.
     let mut speculation = deltafin::runtime::generate::Speculation::default();
+    let mut drafter: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--no-thinking" => thinking = false,
             "--show-reasoning" => show_reasoning = true,
             "--greedy" => temperature = 0.0,
+            "--drafter" => {
+                drafter = Some(
+                    args.next()
+                        .ok_or_else(|| anyhow::anyhow!("--drafter needs a directory or none"))?,
+                );
+            }
             "--speculate" | "--spec-depth" => {
                 let v = args
                     .next()
@@ -80,7 +87,7 @@ fn main() -> anyhow::Result<()> {
             }
             flag if flag.starts_with("--") => anyhow::bail!(
                 "unknown flag {flag}: use [MODEL_ROOT] [--no-thinking] [--show-reasoning] \
-                 [--temperature T] [--greedy] [--seed N] [--speculate auto|ngram|off] \
+                 [--temperature T] [--greedy] [--seed N] [--speculate auto|ngram|off] [--drafter DIR|none] \
                  [--spec-depth N]"
             ),
             _ => root_arg = Some(a),
@@ -93,6 +100,17 @@ fn main() -> anyhow::Result<()> {
     let mut opts = EngineOptions::default();
     opts.load.prompt_cache = CacheRam::Auto;
     let mut engine = Engine::open_with(&root, &opts, |p| eprintln!("{p}"))?;
+    // Drafts from an EAGLE-3 head: `--drafter DIR`, else the model's own (K3-tiny ships one);
+    // `--drafter none`: n-gram drafts. The replies are the same either way, only faster.
+    let head = match drafter.as_deref() {
+        Some("none") => None,
+        Some(d) => Some(std::path::PathBuf::from(d)),
+        None => deltafin::drafters::installed(&root),
+    };
+    if let Some(d) = head {
+        engine.use_eagle3(&d)?;
+        eprintln!("drafter: the EAGLE-3 head in {}", d.display());
+    }
     // The prompt cache (RAM, the plan's line): a conversation restarted with the same opening
     // resumes from its longest saved prefix.
     let ram_bytes = engine.model().plan().map_or(1 << 30, |p| p.prompt_cache);

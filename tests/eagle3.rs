@@ -348,3 +348,144 @@ fn the_drafter_drafts_from_the_targets_rows_and_changes_no_token() {
         "the embeddings do not move the head's first draft: the check above cannot see a shift"
     );
 }
+
+/// `setup --drafter REPO --drafter-only` installs a published head from the hub (here the
+/// project's Hugging Face mock) beside a model, where front ends find it; a repository that
+/// is not a head is refused before any weights are fetched.
+#[test]
+fn setup_installs_a_published_head_beside_the_model() {
+    use deltafin::hub::mock::MockHub;
+    let src = tempfile::tempdir().unwrap();
+    write_head(src.path(), Some(d2t()), 1);
+    let hub = MockHub::start(src.path(), "org/eagle3-head").unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args([
+            "setup",
+            "--drafter",
+            "org/eagle3-head",
+            "--drafter-only",
+            "--model-root",
+        ])
+        .arg(root.path())
+        .env("HF_ENDPOINT", hub.endpoint())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = deltafin::drafters::installed(root.path()).expect("installed");
+    let got = Eagle3Head::open(&dir).unwrap();
+    let want = Eagle3Head::open(src.path()).unwrap();
+    assert_eq!(got.config(), want.config());
+    assert_eq!(
+        std::fs::read(dir.join("model.safetensors")).unwrap(),
+        std::fs::read(src.path().join("model.safetensors")).unwrap()
+    );
+
+    // A model repository (no EAGLE-3 config) is refused, and nothing is installed.
+    let model = tempfile::tempdir().unwrap();
+    std::fs::write(
+        model.path().join("config.json"),
+        r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 8}"#,
+    )
+    .unwrap();
+    let hub2 = MockHub::start(model.path(), "org/not-a-head").unwrap();
+    let root2 = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        .args([
+            "setup",
+            "--drafter",
+            "org/not-a-head",
+            "--drafter-only",
+            "--model-root",
+        ])
+        .arg(root2.path())
+        .env("HF_ENDPOINT", hub2.endpoint())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not an EAGLE-3 head"), "{err}");
+    assert!(deltafin::drafters::installed(root2.path()).is_none());
+}
+
+/// K3-tiny with the head it ships: greedy and seeded sampling emit exactly plain decoding's
+/// tokens on chat prompts, with the head drafting at a fixed depth and at the depth the cost
+/// model picks, and the head's drafts are accepted.
+#[test]
+fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
+    use deltafin::chat::{encode_marked, ChatOptions, Message};
+    use deltafin::runtime::generate::sample::Sampler;
+    use deltafin::runtime::generate::{SpecMode, Speculation};
+    use deltafin::{Engine, EngineOptions, GenerateOptions, Generator};
+    use std::sync::atomic::AtomicBool;
+    let root = deltafin::assets::k3_tiny().unwrap();
+    let head = deltafin::drafters::installed(&root).expect("K3-tiny ships a drafter");
+    let mut e = Engine::open(&root, &EngineOptions::default()).unwrap();
+    let questions = [
+        "What did Anne think of Captain Wentworth",
+        "Describe the town of Bath in winter",
+        "Why did Sir Walter leave Kellynch Hall",
+    ];
+    let prompts: Vec<Vec<u32>> = questions
+        .iter()
+        .map(|q| {
+            let (segs, marks) = e
+                .chat_format()
+                .render(&[Message::new("user", *q)], &ChatOptions::default())
+                .unwrap();
+            encode_marked(e.tokenizer(), &segs, &marks).0
+        })
+        .collect();
+    let no = AtomicBool::new(false);
+    let gen = |e: &Engine, p: &[u32], spec: Speculation, seed: Option<u64>| {
+        let opts = GenerateOptions {
+            max_new: 48,
+            stop_ids: e.stop_ids(),
+            speculation: spec,
+        };
+        let mut s = seed.map(|s| Sampler::new(0.8, 0.95, s));
+        let mut choose = |l: &[f32]| match &mut s {
+            Some(s) => s.choose(l),
+            None => deltafin::runtime::generate::argmax(l),
+        };
+        let m = e.model();
+        Generator::new(m)
+            .generate_drafted(
+                &mut m.new_state(),
+                p,
+                &opts,
+                &no,
+                &mut choose,
+                &mut *e.new_drafter(),
+                |_| {},
+            )
+            .unwrap()
+    };
+    let runs: Vec<(usize, Option<u64>)> = (0..prompts.len())
+        .flat_map(|p| [None, Some(p as u64), Some(7 + p as u64)].map(|s| (p, s)))
+        .collect();
+    let plain: Vec<Vec<u32>> = runs
+        .iter()
+        .map(|&(p, s)| gen(&e, &prompts[p], Speculation::OFF, s).generated_ids)
+        .collect();
+    e.use_eagle3(&head).unwrap();
+    let mut accepted = 0;
+    for spec in [
+        Speculation {
+            mode: SpecMode::Ngram,
+            depth: 6,
+        },
+        Speculation::default(),
+    ] {
+        for (&(p, s), want) in runs.iter().zip(&plain) {
+            let g = gen(&e, &prompts[p], spec, s);
+            assert_eq!(&g.generated_ids, want, "prompt {p}, seed {s:?}, {spec:?}");
+            accepted += g.spec.accepted;
+        }
+    }
+    assert!(accepted > 50, "the head's drafts were accepted {accepted} times");
+}

@@ -232,6 +232,7 @@ fn resumes_from_disk_after_restart(root: &Path, what: &str, r: Restart) {
             &plain,
             &no_cancel(),
             &mut |l: &[f32]| argmax(l),
+            &mut *e.new_drafter(),
             |_| {},
         )
         .unwrap();

@@ -5,3 +5,10 @@
 //! Owns the heads' formats and math; must not touch a target family's weights or names.
 
 pub mod eagle3;
+
+/// The drafter installed beside a model: `root/drafter/` when it holds a `config.json` (the
+/// built-in K3-tiny ships one).
+pub fn installed(root: &std::path::Path) -> Option<std::path::PathBuf> {
+    let dir = root.join("drafter");
+    dir.join("config.json").is_file().then_some(dir)
+}

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use crate::chat::{ChatFormat, ChatOptions};
 use crate::compute::device::DeviceChoice;
+use crate::runtime::generate::Drafter;
 use crate::runtime::load::LoadOptions;
 use crate::runtime::memory::MemoryPlan;
 use crate::runtime::model::Model;
@@ -44,7 +45,12 @@ pub struct Engine {
     cache: Option<crate::engine::prompt_cache::PromptCache>,
     /// The checkpoint's fingerprint, computed on first use (it keys saved state files).
     fingerprint: std::sync::OnceLock<String>,
+    /// Makes each generation's drafter (none: the n-gram drafter).
+    drafter: Option<DrafterFactory>,
 }
+
+/// Makes a fresh drafter for each generation (a drafter follows one sequence).
+pub type DrafterFactory = Arc<dyn Fn() -> Box<dyn Drafter> + Send + Sync>;
 
 impl Engine {
     /// Opens the model in `root` under the memory plan (logged with `tracing`).
@@ -75,6 +81,7 @@ impl Engine {
             root: root.to_path_buf(),
             cache: None,
             fingerprint: Default::default(),
+            drafter: None,
         })
     }
 
@@ -88,6 +95,7 @@ impl Engine {
             root: root.to_path_buf(),
             cache: None,
             fingerprint: Default::default(),
+            drafter: None,
         }
     }
 
@@ -148,6 +156,49 @@ impl Engine {
             }
         }
         ids
+    }
+
+    /// Sets what drafts for speculative decoding from now on (`None`: the n-gram drafter).
+    /// The output never depends on it, only the speed.
+    pub fn set_drafter(&mut self, factory: Option<DrafterFactory>) {
+        self.drafter = factory;
+    }
+
+    /// Drafts with the EAGLE-3 head in `dir` (docs/drafters.md), checked against this model:
+    /// the same vocabulary, tapped layers the model has.
+    pub fn use_eagle3(&mut self, dir: &Path) -> Result<()> {
+        let head = Arc::new(crate::drafters::eagle3::Eagle3Head::open(dir)?);
+        let (vocab, layers) = (self.model.vocab_size(), self.model.new_state().layers.len());
+        let cfg = head.config();
+        let taps = cfg.taps(layers);
+        if cfg.vocab != vocab || taps.iter().any(|&l| l >= layers) {
+            return Err(crate::Error::Msg(format!(
+                "the EAGLE-3 head in {} is for a target of vocabulary {} tapping layers {taps:?}; \
+                 this model has vocabulary {vocab} and {layers} layers",
+                dir.display(),
+                cfg.vocab
+            )));
+        }
+        self.drafter = Some(Arc::new(move || {
+            Box::new(crate::drafters::eagle3::Eagle3Drafter::new(
+                head.clone(),
+                layers,
+            ))
+        }));
+        Ok(())
+    }
+
+    /// Whether a drafter other than the n-gram one is set.
+    pub fn has_drafter(&self) -> bool {
+        self.drafter.is_some()
+    }
+
+    /// A fresh drafter for one generation.
+    pub fn new_drafter(&self) -> Box<dyn Drafter> {
+        match &self.drafter {
+            Some(f) => f(),
+            None => Box::new(crate::runtime::generate::NgramDrafter::default()),
+        }
     }
 
     /// A new, empty session that chats with `chat`.

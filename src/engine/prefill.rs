@@ -57,9 +57,22 @@ impl Engine {
         marks: &[usize],
         cancel: &AtomicBool,
     ) -> Result<Option<Prefilled>> {
+        self.prefill_observed(ids, marks, cancel, None)
+    }
+
+    /// `prefill` with `observer` watching the passes it runs (a drafter's tap; positions a
+    /// cache entry supplied are not run, so not seen).
+    fn prefill_observed(
+        &self,
+        ids: &[u32],
+        marks: &[usize],
+        cancel: &AtomicBool,
+        observer: Option<&dyn crate::runtime::observe::Observer>,
+    ) -> Result<Option<Prefilled>> {
         let t0 = std::time::Instant::now();
         let f = Forward {
             cancel: Some(cancel),
+            observer,
             ..Default::default()
         };
         let Some(cache) = &self.cache else {
@@ -127,14 +140,23 @@ impl Engine {
         if opts.max_new == 0 {
             return Ok((Generation::empty(ids), self.model.new_state()));
         }
-        let Some(pre) = self.prefill(ids, marks, cancel)? else {
+        let mut drafter = self.new_drafter();
+        let Some(pre) = self.prefill_observed(ids, marks, cancel, drafter.observer())? else {
             let mut g = Generation::empty(ids);
             g.stop = StopReason::Cancelled;
             return Ok((g, self.model.new_state()));
         };
         let (mut state, cached) = (pre.state, pre.cached);
         let mut g = Generator::new(self.model.as_ref()).decode_from(
-            &mut state, ids, pre.logits, pre.ms, opts, cancel, choose, on_token,
+            &mut state,
+            ids,
+            pre.logits,
+            pre.ms,
+            opts,
+            cancel,
+            choose,
+            &mut *drafter,
+            on_token,
         )?;
         g.cached = cached;
         if let Some(cache) = &self.cache {

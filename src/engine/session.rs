@@ -150,12 +150,13 @@ impl<'e> Session<'e> {
                     g
                 })
         } else {
-            Generator::new(self.engine.model()).generate_with(
+            Generator::new(self.engine.model()).generate_drafted(
                 &mut self.state,
                 &input,
                 opts,
                 cancel,
                 choose,
+                &mut *self.engine.new_drafter(),
                 on_token,
             )
         };

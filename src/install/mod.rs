@@ -1,6 +1,7 @@
 //! The installer: `setup` from the hub (full or streaming, with a disk plan; the model's family
 //! names its files and builds what it needs from the dense tensors), `fetch-experts` (finish a
-//! streaming install) and the `warm-cache` plan from router traces. What an install leaves on
+//! streaming install), a published drafter beside a model (`drafter`) and the `warm-cache`
+//! plan from router traces. What an install leaves on
 //! disk and how the engine opens it is `installed`; this module writes it.
 
 use std::collections::HashMap;
@@ -16,11 +17,13 @@ use crate::spine::convert::TensorBytes;
 use crate::{Error, Result};
 
 mod download;
+mod drafter;
 pub mod homes;
 mod layers;
 mod setup;
 use crate::fsio::{free_bytes, RootLock};
 pub use download::part_name;
+pub use drafter::install_drafter;
 pub use layers::parse_layers;
 pub use setup::setup;
 

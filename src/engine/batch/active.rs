@@ -10,10 +10,9 @@ use std::time::Instant;
 
 use super::{BatchOptions, Request, SeqEvent};
 use crate::engine::prompt_cache::cut_points;
-use crate::runtime::generate::{
-    Drafter, Generation, Io, NgramDrafter, Pass, SeqDecoder, StopReason,
-};
+use crate::runtime::generate::{Drafter, Generation, Io, Pass, SeqDecoder, StopReason};
 use crate::runtime::model::{BatchItem, Logits};
+use crate::runtime::observers::{Part, PerSequence};
 use crate::runtime::state::SeqState;
 use crate::{Engine, Result};
 
@@ -99,10 +98,7 @@ impl Active {
             None => VecDeque::new(),
         };
         cuts.push_back(req.ids.len());
-        let drafter = req
-            .drafter
-            .take()
-            .unwrap_or_else(|| Box::new(NgramDrafter::default()));
+        let drafter = req.drafter.take().unwrap_or_else(|| engine.new_drafter());
         let mut a = Active {
             req,
             state,
@@ -337,6 +333,8 @@ pub(super) fn step(engine: &Engine, active: &mut [Active], opts: &BatchOptions) 
     }
     let mut items = Vec::new();
     let mut owners = Vec::new();
+    // Each sequence's drafter watches its own rows of the pass.
+    let mut split = PerSequence { parts: Vec::new() };
     for (i, (a, p)) in active.iter_mut().zip(&plans).enumerate() {
         let (ids, undo) = match p {
             Some(Rows::Prompt(at, n)) => (&a.req.ids[*at..at + n], false),
@@ -344,6 +342,11 @@ pub(super) fn step(engine: &Engine, active: &mut [Active], opts: &BatchOptions) 
             None => continue,
         };
         let scoring = a.req.prompt_logits.is_some() && matches!(p, Some(Rows::Prompt(..)));
+        split.parts.push(Part {
+            first_pos: a.state.pos,
+            rows: ids.len(),
+            observer: a.drafter.observer(),
+        });
         items.push(BatchItem {
             ids,
             state: &mut a.state,
@@ -357,8 +360,12 @@ pub(super) fn step(engine: &Engine, active: &mut [Active], opts: &BatchOptions) 
     }
     st.seqs = items.len();
     let t = Instant::now();
-    let res = model.run_batch(&mut items, None);
+    let observer = split
+        .any()
+        .then_some(&split as &dyn crate::runtime::observe::Observer);
+    let res = model.run_batch(&mut items, observer);
     drop(items);
+    drop(split);
     st.secs = t.elapsed().as_secs_f64();
     let outs = match res {
         Ok(o) => o,

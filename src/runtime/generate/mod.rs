@@ -176,7 +176,8 @@ impl<'m> Generator<'m> {
 
     /// Decodes after a prefill done elsewhere (a prompt-cache resume): `state` holds the
     /// prompt, `logits` are its last position's. The same tokens as `generate_with` on a state
-    /// prefilled the same way.
+    /// prefilled the same way. A drafter that taps the target starts from the first decode
+    /// pass (it saw no prefill).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_from(
         &self,
@@ -187,6 +188,7 @@ impl<'m> Generator<'m> {
         opts: &GenerateOptions,
         cancel: &AtomicBool,
         choose: &mut dyn FnMut(&[f32]) -> u32,
+        drafter: &mut dyn Drafter,
         mut on_token: impl FnMut(u32),
     ) -> Result<Generation> {
         let mut out = Generation::empty(prompt);
@@ -198,14 +200,13 @@ impl<'m> Generator<'m> {
             out.stop = StopReason::Cancelled;
             return Ok(out);
         }
-        let mut ngram = NgramDrafter::default();
         self.decode(
             state,
             logits,
             opts,
             cancel,
             choose,
-            &mut ngram,
+            drafter,
             &mut on_token,
             out,
         )
@@ -231,8 +232,15 @@ impl<'m> Generator<'m> {
             on_token,
             cancel,
         };
+        let mut drafted = false;
         while !d.absorb(self.model, state, pass, drafter, io.reborrow())? {
-            let (ids, drafts) = d.next_ids(state, drafter);
+            // The drafter's time counts as the pass's: the depth controller weighs both. Not
+            // its first proposal's, which reads the whole prompt once (a cost of the prompt,
+            // not of the depth).
+            let ((ids, drafts), mut draft_secs) = spec::timed(|| d.next_ids(state, drafter));
+            if !drafts.is_empty() && !drafted {
+                (drafted, draft_secs) = (true, 0.0);
+            }
             // One step without drafts; a verify pass (with its undo record) with them.
             let f = Forward {
                 undo: !drafts.is_empty(),
@@ -241,7 +249,7 @@ impl<'m> Generator<'m> {
             };
             let (r, secs) = spec::timed(|| self.model.run(&ids, state, &f));
             let out = r?.ok_or_else(|| crate::Error::Msg("a decode pass was cancelled".into()))?;
-            pass = Pass::from_output(out, drafts, secs)?;
+            pass = Pass::from_output(out, drafts, secs + draft_secs)?;
         }
         Ok(d.finish())
     }

@@ -11,7 +11,10 @@ use std::sync::atomic::AtomicBool;
 
 use deltafin::measure::disk::ColdFiles;
 use deltafin::measure::Stats;
-use deltafin::runtime::generate::{Drafter, Generation, Speculation};
+use std::sync::Arc;
+
+use deltafin::drafters::eagle3::{Eagle3Drafter, Eagle3Head};
+use deltafin::runtime::generate::{Drafter, Generation, NgramDrafter, Speculation};
 use deltafin::Model;
 use deltafin::{Error, GenerateOptions, Generator, Result};
 
@@ -29,6 +32,8 @@ pub struct SpecBenchOptions {
     pub cold: bool,
     /// Also time the plain run's own continuation as drafts (every draft right): the bound.
     pub oracle: bool,
+    /// Draft with this EAGLE-3 head (else the n-gram drafter).
+    pub head: Option<Arc<Eagle3Head>>,
 }
 
 /// The two synthetic prompts: a period-8 cycle of ids, and pseudo-random ids.
@@ -43,14 +48,43 @@ pub fn synthetic_prompts(vocab: u32, len: usize) -> Vec<(String, Vec<u32>)> {
     ]
 }
 
-fn run_once(m: &dyn Model, prompt: &[u32], decode: usize, spec: Speculation) -> Result<Generation> {
+fn run_once(
+    m: &dyn Model,
+    prompt: &[u32],
+    decode: usize,
+    spec: Speculation,
+    head: Option<&Arc<Eagle3Head>>,
+) -> Result<Generation> {
     let opts = GenerateOptions {
         max_new: decode,
         stop_ids: vec![],
         speculation: spec,
     };
+    let mut drafter: Box<dyn Drafter> = match head {
+        Some(h) => Box::new(Eagle3Drafter::new(h.clone(), m.new_state().layers.len())),
+        None => Box::new(NgramDrafter::default()),
+    };
+    decode_with(m, prompt, &opts, &mut *drafter)
+}
+
+/// Greedy decoding of `prompt` with `drafter`.
+fn decode_with(
+    m: &dyn Model,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    drafter: &mut dyn Drafter,
+) -> Result<Generation> {
     let no = AtomicBool::new(false);
-    Generator::new(m).generate(&mut m.new_state(), prompt, &opts, &no, |_| {})
+    let mut greedy = |l: &[f32]| deltafin::runtime::generate::argmax(l);
+    Generator::new(m).generate_drafted(
+        &mut m.new_state(),
+        prompt,
+        opts,
+        &no,
+        &mut greedy,
+        drafter,
+        |_| {},
+    )
 }
 
 /// Proposes the plain run's own continuation: every draft right. Not a real drafter: it bounds
@@ -74,17 +108,7 @@ fn run_oracle(m: &dyn Model, prompt: &[u32], off: &Generation, depth: usize) -> 
     };
     let mut reference = prompt.to_vec();
     reference.extend(&off.generated_ids);
-    let no = AtomicBool::new(false);
-    let mut greedy = |l: &[f32]| deltafin::runtime::generate::argmax(l);
-    Generator::new(m).generate_drafted(
-        &mut m.new_state(),
-        prompt,
-        &opts,
-        &no,
-        &mut greedy,
-        &mut Oracle(reference),
-        |_| {},
-    )
+    decode_with(m, prompt, &opts, &mut Oracle(reference))
 }
 
 /// Runs the bench, one JSON line per run and one summary per prompt.
@@ -106,21 +130,29 @@ pub fn spec_bench(
     emit(serde_json::json!({"figure": "spec_setup",
         "spine_layers_streamed": r.as_ref().map_or(0, |r| r.layers_streamed),
         "spine_bytes_read_per_pass": r.as_ref().map_or(0, |r| r.bytes_read_per_token), "cold_spine": o.cold,
-        "mode": o.spec.mode, "depth": o.spec.depth, "decode": o.decode}));
+        "mode": o.spec.mode, "depth": o.spec.depth, "decode": o.decode,
+        "drafter": if o.head.is_some() { "eagle3" } else { "ngram" }}));
     for (name, prompt) in &o.prompts {
-        run_once(model, prompt, o.decode.min(4), Speculation::OFF)?; // warm-up
+        run_once(model, prompt, o.decode.min(4), Speculation::OFF, None)?; // warm-up
         let (mut off_ms, mut on_ms, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut oracle_ratios, mut oracle_tpp) = (Vec::<f64>::new(), 0.0);
         let (mut passes, mut emitted, mut drafted, mut accepted) = (0, 0, 0, 0);
+        let mut verifies = 0;
         let mut rollback = 0;
         for run in 0..o.runs.max(1) {
             // ABBA order: odd runs measure "on" first, so neither side always runs second.
             let (off, on) = if run % 2 == 0 {
-                let off = run_once(model, prompt, o.decode, Speculation::OFF)?;
-                (off, run_once(model, prompt, o.decode, o.spec)?)
+                let off = run_once(model, prompt, o.decode, Speculation::OFF, None)?;
+                (
+                    off,
+                    run_once(model, prompt, o.decode, o.spec, o.head.as_ref())?,
+                )
             } else {
-                let on = run_once(model, prompt, o.decode, o.spec)?;
-                (run_once(model, prompt, o.decode, Speculation::OFF)?, on)
+                let on = run_once(model, prompt, o.decode, o.spec, o.head.as_ref())?;
+                (
+                    run_once(model, prompt, o.decode, Speculation::OFF, None)?,
+                    on,
+                )
             };
             if on.generated_ids != off.generated_ids {
                 return Err(Error::Msg(format!(
@@ -159,6 +191,7 @@ pub fn spec_bench(
             emitted += on.spec.emitted;
             drafted += on.spec.drafted;
             accepted += on.spec.accepted;
+            verifies += on.spec.verify_passes;
             rollback = rollback.max(on.spec.rollback_bytes);
         }
         let (f, n, q) = (Stats::of(off_ms), Stats::of(on_ms), Stats::of(ratios));
@@ -169,6 +202,8 @@ pub fn spec_bench(
             "on_to_off_ratio": {"median": q.median, "min": q.min, "max": q.max},
             "tokens_per_pass": emitted as f64 / passes.max(1) as f64,
             "acceptance": accepted as f64 / drafted.max(1) as f64,
+            "accepted_per_verify": accepted as f64 / verifies.max(1) as f64,
+            "verify_passes": verifies,
             "drafted": drafted, "accepted": accepted, "rollback_bytes_max": rollback}),
         );
         if !oracle_ratios.is_empty() {

@@ -46,6 +46,13 @@ pub enum BenchKind {
         /// `--prompt-len` tokens, spread over the file; needs the model's tokenizer).
         #[arg(long)]
         text: Option<PathBuf>,
+        /// With `--speculate --text`: the prompts are 10 sentences of the text, each a user
+        /// message in the model's chat format (the reply is what is decoded).
+        #[arg(long)]
+        chat_prompts: bool,
+        /// With `--speculate`: draft with this EAGLE-3 head (default: the n-gram drafter).
+        #[arg(long)]
+        drafter: Option<PathBuf>,
         /// Pin no spine layer (every layer streamed through the template buffers).
         #[arg(long)]
         stream_spine: bool,

@@ -75,6 +75,8 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             spec_mode,
             spec_depth,
             text,
+            chat_prompts,
+            drafter,
             stream_spine,
             cold_spine,
             oracle_drafts,
@@ -109,6 +111,9 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             if speculate {
                 let len = prompt_len.max(2);
                 let prompts = match &text {
+                    Some(t) if chat_prompts => {
+                        chat_text_prompts(family, &model_root, model.as_ref(), t)?
+                    }
                     Some(t) => text_prompts(family, &model_root, t, len)?,
                     None => {
                         crate::bench::speculate::synthetic_prompts(model.vocab_size() as u32, len)
@@ -124,6 +129,12 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                     prompts,
                     cold: cold_spine,
                     oracle: oracle_drafts,
+                    head: match &drafter {
+                        Some(d) => Some(std::sync::Arc::new(
+                            deltafin::drafters::eagle3::Eagle3Head::open(d)?,
+                        )),
+                        None => None,
+                    },
                 };
                 return crate::bench::speculate::spec_bench(model.as_mut(), &model_root, &o, emit)
                     .map_err(Into::into);
@@ -223,4 +234,36 @@ fn text_prompts(
             (format!("text_{i}"), ids[at..at + len].to_vec())
         })
         .collect())
+}
+
+/// Ten sentences of `text` spread over it (20 to 300 characters), each a user message in the
+/// model's chat format: held-out chat prompts.
+fn chat_text_prompts(
+    family: &dyn deltafin::runtime::family::ModelFamily,
+    root: &std::path::Path,
+    model: &dyn deltafin::Model,
+    text: &std::path::Path,
+) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
+    use deltafin::chat::{encode_marked, ChatOptions, Message};
+    let tok = family.tokenizer(root)?;
+    let s = std::fs::read_to_string(text)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", text.display()))?;
+    let sentences: Vec<&str> = s
+        .split(['.', '?', '!'])
+        .map(str::trim)
+        .filter(|x| x.len() > 20 && x.len() < 300)
+        .collect();
+    anyhow::ensure!(
+        sentences.len() >= 10,
+        "{} holds fewer than 10 sentences",
+        text.display()
+    );
+    let n = sentences.len();
+    (0..10)
+        .map(|i| {
+            let msg = [Message::new("user", sentences[n * i / 10])];
+            let (segs, marks) = model.chat_format().render(&msg, &ChatOptions::default())?;
+            Ok((format!("chat_{i}"), encode_marked(&tok, &segs, &marks).0))
+        })
+        .collect()
 }

@@ -30,10 +30,20 @@ pub struct SetupArgs {
     /// Install directory.
     #[arg(long, default_value = "k3")]
     pub model_root: PathBuf,
+    /// Also install the EAGLE-3 draft head in this hub repository (either published
+    /// spelling) into MODEL_ROOT/drafter, where `run`, `serve` and the chat example use it.
+    #[arg(long)]
+    pub drafter: Option<String>,
+    /// With `--drafter`: only the drafter (the model is already installed).
+    #[arg(long, requires = "drafter")]
+    pub drafter_only: bool,
 }
 
 /// Runs `setup`.
 pub fn run_setup(a: &SetupArgs) -> anyhow::Result<()> {
+    if a.drafter_only {
+        return setup_drafter(a);
+    }
     let mode = match (a.full, a.stream) {
         (true, _) => Some(Mode::Full),
         (_, true) => Some(Mode::Stream),
@@ -56,6 +66,17 @@ pub fn run_setup(a: &SetupArgs) -> anyhow::Result<()> {
             plan.mode,
             a.model_root.display()
         );
+        if a.drafter.is_some() {
+            setup_drafter(a)?;
+        }
+    }
+    Ok(())
+}
+
+/// Installs `--drafter` into the model root.
+fn setup_drafter(a: &SetupArgs) -> anyhow::Result<()> {
+    if let Some(repo) = &a.drafter {
+        deltafin::install::install_drafter(repo, None, None, &a.model_root, |m| eprintln!("{m}"))?;
     }
     Ok(())
 }

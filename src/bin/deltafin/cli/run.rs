@@ -89,9 +89,28 @@ pub struct SpecArgs {
     /// Most drafts verified per pass (1..=16).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub spec_depth: u16,
+    /// An EAGLE-3 head to draft with (a directory in either published spelling; default: the
+    /// model's own `drafter/` when it has one), or `none` for n-gram drafts.
+    #[arg(long)]
+    pub drafter: Option<PathBuf>,
 }
 
 impl SpecArgs {
+    /// Sets the engine's drafter: `--drafter`, else the model's installed head; returns the
+    /// head's directory (none: n-gram drafts).
+    pub fn attach(&self, engine: &mut deltafin::Engine) -> anyhow::Result<Option<PathBuf>> {
+        let dir = match &self.drafter {
+            Some(d) if d.as_os_str() == "none" => None,
+            Some(d) => Some(d.clone()),
+            None => deltafin::drafters::installed(engine.root()),
+        };
+        if let Some(d) = &dir {
+            engine.use_eagle3(d)?;
+            eprintln!("drafter: the EAGLE-3 head in {}", d.display());
+        }
+        Ok(dir)
+    }
+
     /// The library's settings.
     pub fn speculation(&self) -> deltafin::runtime::generate::Speculation {
         deltafin::runtime::generate::Speculation {
@@ -227,6 +246,7 @@ pub fn run(a: &RunArgs) -> anyhow::Result<()> {
         }
         _ => load_engine(&root, &a.store, 0)?,
     };
+    a.spec.attach(&mut engine)?;
     let watch = Watch::attach(a, engine.model_mut())?;
     let cancel = cancel_on_ctrl_c();
     let (chat, prompt_ids) = prompt(a, &engine)?;

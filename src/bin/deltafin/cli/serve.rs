@@ -123,6 +123,7 @@ fn serve_state(
 ) -> anyhow::Result<Arc<deltafin::server::AppState>> {
     let batch = (a.max_batch > 0).then_some(a.max_batch);
     let mut engine = load_engine_cached(root, &a.store, &a.cache, batch)?;
+    a.spec.attach(&mut engine)?;
     // Prefill progress: a line on stderr every few seconds (the SSE stream keeps its
     // keep-alives meanwhile).
     engine

@@ -61,6 +61,9 @@ pub struct TrainDrafterArgs {
     /// Peak learning rate.
     #[arg(long, default_value_t = 3e-3)]
     pub lr: f64,
+    /// Warm-up steps of the learning rate.
+    #[arg(long, default_value_t = 30)]
+    pub warmup: usize,
     /// Seed of the prompts, the initialisation and the batches.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -116,7 +119,7 @@ pub fn run(a: &TrainDrafterArgs) -> anyhow::Result<()> {
         steps: a.steps,
         batch: a.batch,
         lr: a.lr,
-        warmup: (a.steps / 20).max(1),
+        warmup: a.warmup,
         seed: a.seed,
         checkpoint_every: 100,
     };
@@ -138,7 +141,9 @@ pub fn run(a: &TrainDrafterArgs) -> anyhow::Result<()> {
         };
         export(&t.net, &t.vocab, &layers, dtype, &a.out)
             .with_context(|| format!("writing the head to {}", a.out.display()))?;
-        let report = serde_json::to_vec_pretty(&t.report)?;
+        let argv: Vec<String> = std::env::args().collect();
+        let record = serde_json::json!({"command": argv, "options": &o, "report": &t.report});
+        let report = serde_json::to_vec_pretty(&record)?;
         deltafin::fsio::atomic::write_atomic(&a.out.join("TRAINING.json"), &report)?;
         eprintln!("wrote the EAGLE-3 head to {}", a.out.display());
     }
