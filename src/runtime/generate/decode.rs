@@ -58,6 +58,11 @@ impl Pass {
         }
     }
 
+    /// Adds time spent on the pass after it ran (keeping its verified prefix).
+    pub fn add_secs(&mut self, secs: f64) {
+        self.secs += secs;
+    }
+
     /// Whether this is the prefill's row (no decode pass to record).
     pub fn is_first(&self) -> bool {
         self.first

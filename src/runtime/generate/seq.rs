@@ -98,8 +98,11 @@ impl SeqDecoder {
         let e = emit.rows(&pass);
         if let Some(rb) = pass.rollback.take() {
             self.out.spec.rollback_bytes = self.out.spec.rollback_bytes.max(rb.bytes());
-            // The state holds every emitted token but the last.
+            // The state holds every emitted token but the last. Keeping a prefix costs time
+            // (a replay of recurrent state): the pass's cost includes it.
+            let t = Instant::now();
             model.keep(rb, state, e.emitted)?;
+            pass.add_secs(t.elapsed().as_secs_f64());
         }
         if !pass.is_first() {
             e.record(&pass, &mut self.ctl, &mut self.out.spec, drafter);

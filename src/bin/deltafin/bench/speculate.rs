@@ -155,8 +155,16 @@ pub fn spec_bench(
                 )
             };
             if on.generated_ids != off.generated_ids {
+                let at = on
+                    .generated_ids
+                    .iter()
+                    .zip(&off.generated_ids)
+                    .take_while(|(a, b)| a == b)
+                    .count();
                 return Err(Error::Msg(format!(
-                    "prompt {name}, run {run}: speculation changed the output"
+                    "prompt {name}, run {run}: speculation changed the output at token {at} \
+                     (prompt {:?}; off {:?}, on {:?})",
+                    prompt, off.generated_ids, on.generated_ids
                 )));
             }
             let per = |g: &Generation| {
