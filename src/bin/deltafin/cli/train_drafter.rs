@@ -126,7 +126,13 @@ pub fn run(a: &TrainDrafterArgs) -> anyhow::Result<()> {
     let cancel = Arc::new(AtomicBool::new(false));
     let c = cancel.clone();
     let _ = ctrlc::set_handler(move || c.store(true, Ordering::Relaxed));
-    let t = train_drafter(&engine, &o, &cancel)?;
+    let t = train_drafter(
+        engine.model(),
+        engine.tokenizer(),
+        &engine.stop_ids(),
+        &o,
+        &cancel,
+    )?;
     if t.report.interrupted {
         eprintln!(
             "stopped at step {}; run the same command again to resume from {}",

@@ -13,10 +13,11 @@ use candle::{Device, Tensor};
 use super::net::Batch;
 use crate::chat::{encode_marked, ChatOptions, Message};
 use crate::checkpoint::rng::Rng;
-use crate::engine::Engine;
 use crate::runtime::generate::{Drafter, GenerateOptions, Generator, Speculation};
+use crate::runtime::model::Model;
 use crate::runtime::observe::Observer;
 use crate::runtime::observers::HiddenTap;
+use crate::tokenizer::Tokenizer;
 use crate::Result;
 
 /// One recorded continuation.
@@ -46,13 +47,13 @@ impl Drafter for Recorder {
 /// `chat_every`-th one is instead a sentence of the text as a user message in the model's chat
 /// format (0: none).
 pub fn prompts(
-    engine: &Engine,
+    model: &dyn Model,
+    tok: &Tokenizer,
     text: &str,
     count: usize,
     chat_every: usize,
     seed: u64,
 ) -> Result<Vec<Vec<u32>>> {
-    let tok = engine.tokenizer();
     let ids = tok.encode_ordinary(text);
     let sentences: Vec<&str> = text
         .split(['.', '?', '!'])
@@ -66,7 +67,7 @@ pub fn prompts(
         )));
     }
     let mut rng = Rng::new(seed);
-    let format = engine.chat_format();
+    let format = model.chat_format();
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
         if chat_every > 0 && i % chat_every == 0 && !sentences.is_empty() {
@@ -86,17 +87,17 @@ pub fn prompts(
 /// Generates up to `new_tokens` greedy tokens after each prompt (stopping at the model's stop
 /// ids) and records the rows of `layers`. `progress` sees each finished sample.
 pub fn collect(
-    engine: &Engine,
+    m: &dyn Model,
+    stop_ids: &[u32],
     prompts: &[Vec<u32>],
     new_tokens: usize,
     layers: &[usize; 3],
     cancel: &AtomicBool,
     mut progress: impl FnMut(&Sample),
 ) -> Result<Vec<Sample>> {
-    let m = engine.model();
     let opts = GenerateOptions {
         max_new: new_tokens,
-        stop_ids: engine.stop_ids(),
+        stop_ids: stop_ids.to_vec(),
         speculation: Speculation::OFF,
     };
     let mut out = Vec::with_capacity(prompts.len());

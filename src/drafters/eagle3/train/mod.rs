@@ -2,7 +2,7 @@
 //! target's own greedy continuations and hidden rows (`data`), the head as an unrolled Candle
 //! autograd network (`net`), the loop with checkpoints (`run`), and the export in the published
 //! layout the loader (`super::head`) reads (`export`). Family-blind: the target is any `Model`
-//! behind an `Engine`.
+//! with its tokenizer; the engine is not named here (it depends on `drafters`).
 
 pub mod data;
 pub mod export;

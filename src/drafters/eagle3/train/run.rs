@@ -15,8 +15,9 @@ use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
 use super::data::{batch, collect, draft_vocab, prompts, Sample};
 use super::net::{HeadDims, HeadNet};
 use crate::checkpoint::rng::Rng;
-use crate::engine::Engine;
 use crate::fsio::atomic::write_atomic;
+use crate::runtime::model::Model;
+use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
 /// What `train-drafter` does.
@@ -169,10 +170,13 @@ fn heldout(
     Ok(hits.iter().zip(&n).map(|(h, n)| h / n.max(1.0)).collect())
 }
 
-/// Collects the target's continuations on `engine` and trains (or resumes) per `o`. Stops
-/// early, after a checkpoint, when `cancel` is set.
+/// Collects the continuations of the target `model` (its tokenizer `tok`; replies end at
+/// `stop_ids`) and trains (or resumes) per `o`. Stops early, after a checkpoint, when `cancel`
+/// is set.
 pub fn train_drafter(
-    engine: &Engine,
+    model: &dyn Model,
+    tok: &Tokenizer,
+    stop_ids: &[u32],
     o: &DrafterTrainOptions,
     cancel: &AtomicBool,
 ) -> Result<Trained> {
@@ -183,13 +187,21 @@ pub fn train_drafter(
         text.push_str("\n\n");
     }
     let t0 = Instant::now();
-    let ps = prompts(engine, &text, o.prompts, o.chat_every, o.seed)?;
+    let ps = prompts(model, tok, &text, o.prompts, o.chat_every, o.seed)?;
     let bar = crate::progress::Bar::new(
         ps.len() as u64,
         "collecting {bar:30} {pos}/{len} continuations  [{elapsed_precise} < {eta_precise}]",
         true,
     );
-    let mut samples = collect(engine, &ps, o.new_tokens, &o.layers, cancel, |_| bar.inc(1))?;
+    let mut samples = collect(
+        model,
+        stop_ids,
+        &ps,
+        o.new_tokens,
+        &o.layers,
+        cancel,
+        |_| bar.inc(1),
+    )?;
     bar.finish();
     if cancel.load(Ordering::Relaxed) {
         return Err(Error::Msg(
@@ -198,7 +210,7 @@ pub fn train_drafter(
     }
     let collect_s = t0.elapsed().as_secs_f64();
     let held = samples.split_off(samples.len() - (samples.len() / 10).max(1));
-    let vocab_size = engine.model().vocab_size();
+    let vocab_size = model.vocab_size();
     let vocab = draft_vocab(&samples, vocab_size, o.draft_vocab);
     let width = samples[0].taps.len() / (samples[0].ids.len() - 1);
     let hidden = width / 3;
