@@ -492,3 +492,86 @@ fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
         "the head's drafts were accepted {accepted} times"
     );
 }
+
+/// Through the batch scheduler (requests sharing passes, as `serve` runs them), each request
+/// drafts from its own rows of the shared pass: its tokens equal plain decoding's and its head's
+/// drafts are accepted as often as alone (rows handed to the wrong sequence are not).
+#[test]
+fn batched_requests_draft_from_their_own_rows() {
+    use deltafin::chat::{encode_marked, ChatOptions, Message};
+    use deltafin::engine::batch::{BatchOptions, Request, Scheduler, SeqEvent};
+    use deltafin::runtime::generate::{argmax, Speculation};
+    use deltafin::{Engine, EngineOptions, GenerateOptions, Generator};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{mpsc, Arc};
+    let root = deltafin::assets::k3_tiny().unwrap();
+    let mut e = Engine::open(&root, &EngineOptions::default()).unwrap();
+    let prompts: Vec<Vec<u32>> = [
+        "Who is Anne Elliot",
+        "Tell me about Lyme",
+        "What is a baronet",
+    ]
+    .iter()
+    .map(|q| {
+        let (segs, marks) = e
+            .chat_format()
+            .render(&[Message::new("user", q)], &ChatOptions::default())
+            .unwrap();
+        encode_marked(e.tokenizer(), &segs, &marks).0
+    })
+    .collect();
+    let opts = |spec| GenerateOptions {
+        max_new: 48,
+        stop_ids: vec![],
+        speculation: spec,
+    };
+    let no = AtomicBool::new(false);
+    let plain: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let m = e.model();
+            Generator::new(m)
+                .generate(&mut m.new_state(), p, &opts(Speculation::OFF), &no, |_| {})
+                .unwrap()
+                .generated_ids
+        })
+        .collect();
+    e.use_eagle3(&deltafin::drafters::installed(&root).unwrap())
+        .unwrap();
+    let s = Scheduler::new(Arc::new(e), BatchOptions::default());
+    let (tx, rx) = mpsc::channel();
+    for (i, p) in prompts.iter().enumerate() {
+        let tx = tx.clone();
+        s.submit(Request {
+            ids: p.clone(),
+            marks: vec![],
+            opts: opts(Speculation {
+                mode: deltafin::runtime::generate::SpecMode::Ngram,
+                depth: 4,
+            }),
+            choose: Box::new(|l: &[f32]| argmax(l)),
+            on_event: Box::new(move |ev| {
+                if let SeqEvent::Done(g) = ev {
+                    tx.send((i, g)).unwrap();
+                }
+            }),
+            cancel: Arc::new(AtomicBool::new(false)),
+            prompt_logits: None,
+            drafter: None,
+        })
+        .unwrap();
+    }
+    for _ in 0..prompts.len() {
+        let (i, g) = rx
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .unwrap();
+        assert_eq!(g.generated_ids, plain[i], "request {i}");
+        assert!(
+            g.spec.acceptance() > 0.5,
+            "request {i}: acceptance {:?}",
+            g.spec
+        );
+    }
+    let st = s.stats();
+    assert!(st.seq_passes > st.passes, "the requests shared passes");
+}

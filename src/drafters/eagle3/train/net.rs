@@ -215,7 +215,7 @@ impl HeadNet {
     /// The logits `[B, T, Vd]` of steps `0..steps` over a batch, unrolled as the drafter runs
     /// them (see the module header).
     pub fn forward(&self, batch: &Batch, steps: usize) -> Result<Vec<Tensor>> {
-        let (b, t, _) = batch.taps.dims3()?;
+        let t = batch.taps.dim(1)?;
         let hd = self.dims.head_dim;
         let scale = (hd as f64).powf(-0.5);
         let x0 = linear(&batch.taps, self.p("fc.weight")?)?;
@@ -259,7 +259,6 @@ impl HeadNet {
             cur = next.q;
             x = row;
         }
-        let _ = b;
         Ok(out)
     }
 
