@@ -417,7 +417,6 @@ fn setup_installs_a_published_head_beside_the_model() {
 /// model picks, and the head's drafts are accepted.
 #[test]
 fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
-    use deltafin::chat::{encode_marked, ChatOptions, Message};
     use deltafin::runtime::generate::sample::Sampler;
     use deltafin::runtime::generate::{SpecMode, Speculation};
     use deltafin::{Engine, EngineOptions, GenerateOptions, Generator};
@@ -430,16 +429,7 @@ fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
         "Describe the town of Bath in winter",
         "Why did Sir Walter leave Kellynch Hall",
     ];
-    let prompts: Vec<Vec<u32>> = questions
-        .iter()
-        .map(|q| {
-            let (segs, marks) = e
-                .chat_format()
-                .render(&[Message::new("user", q)], &ChatOptions::default())
-                .unwrap();
-            encode_marked(e.tokenizer(), &segs, &marks).0
-        })
-        .collect();
+    let prompts = chat_prompts(&e, &questions);
     let no = AtomicBool::new(false);
     let gen = |e: &Engine, p: &[u32], spec: Speculation, seed: Option<u64>| {
         let opts = GenerateOptions {
@@ -498,7 +488,6 @@ fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
 /// drafts are accepted as often as alone (rows handed to the wrong sequence are not).
 #[test]
 fn batched_requests_draft_from_their_own_rows() {
-    use deltafin::chat::{encode_marked, ChatOptions, Message};
     use deltafin::engine::batch::{BatchOptions, Request, Scheduler, SeqEvent};
     use deltafin::runtime::generate::{argmax, Speculation};
     use deltafin::{Engine, EngineOptions, GenerateOptions, Generator};
@@ -506,20 +495,14 @@ fn batched_requests_draft_from_their_own_rows() {
     use std::sync::{mpsc, Arc};
     let root = deltafin::assets::k3_tiny().unwrap();
     let mut e = Engine::open(&root, &EngineOptions::default()).unwrap();
-    let prompts: Vec<Vec<u32>> = [
-        "Who is Anne Elliot",
-        "Tell me about Lyme",
-        "What is a baronet",
-    ]
-    .iter()
-    .map(|q| {
-        let (segs, marks) = e
-            .chat_format()
-            .render(&[Message::new("user", q)], &ChatOptions::default())
-            .unwrap();
-        encode_marked(e.tokenizer(), &segs, &marks).0
-    })
-    .collect();
+    let prompts = chat_prompts(
+        &e,
+        &[
+            "Who is Anne Elliot",
+            "Tell me about Lyme",
+            "What is a baronet",
+        ],
+    );
     let opts = |spec| GenerateOptions {
         max_new: 48,
         stop_ids: vec![],
@@ -574,4 +557,19 @@ fn batched_requests_draft_from_their_own_rows() {
     }
     let st = s.stats();
     assert!(st.seq_passes > st.passes, "the requests shared passes");
+}
+
+/// Each question as a user message in the engine's chat format, as ids.
+fn chat_prompts(e: &deltafin::Engine, questions: &[&str]) -> Vec<Vec<u32>> {
+    use deltafin::chat::{encode_marked, ChatOptions, Message};
+    questions
+        .iter()
+        .map(|q| {
+            let (segs, marks) = e
+                .chat_format()
+                .render(&[Message::new("user", q)], &ChatOptions::default())
+                .unwrap();
+            encode_marked(e.tokenizer(), &segs, &marks).0
+        })
+        .collect()
 }
