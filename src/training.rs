@@ -1,4 +1,4 @@
-//! What every training loop in the crate shares (the K3 trainer in `models::k3::train`, the
+//! What every training loop in the crate shares (a family's own trainer under `src/models/`, the
 //! EAGLE-3 drafter trainer in `drafters::eagle3::train`): the learning-rate schedule, global
 //! gradient clipping, f32 checkpoints in safetensors, and the allocator setting that keeps a
 //! backward pass out of page faults. Owns no model and no loop.
