@@ -108,7 +108,7 @@ fn main() -> anyhow::Result<()> {
         None => deltafin::drafters::installed(&root),
     };
     if let Some(d) = head {
-        engine.use_eagle3(&d)?;
+        engine.use_drafter(&d)?;
         eprintln!("drafter: the EAGLE-3 head in {}", d.display());
     }
     // The prompt cache (RAM, the plan's line): a conversation restarted with the same opening

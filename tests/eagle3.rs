@@ -462,7 +462,7 @@ fn k3_tiny_with_its_head_emits_plain_decodings_tokens() {
         .iter()
         .map(|&(p, s)| gen(&e, &prompts[p], Speculation::OFF, s).generated_ids)
         .collect();
-    e.use_eagle3(&head).unwrap();
+    e.use_drafter(&head).unwrap();
     let mut accepted = 0;
     for spec in [
         Speculation {
@@ -519,7 +519,7 @@ fn batched_requests_draft_from_their_own_rows() {
                 .generated_ids
         })
         .collect();
-    e.use_eagle3(&deltafin::drafters::installed(&root).unwrap())
+    e.use_drafter(&deltafin::drafters::installed(&root).unwrap())
         .unwrap();
     let s = Scheduler::new(Arc::new(e), BatchOptions::default());
     let (tx, rx) = mpsc::channel();

@@ -164,27 +164,22 @@ impl Engine {
         self.drafter = factory;
     }
 
-    /// Drafts with the EAGLE-3 head in `dir` (docs/drafters.md), checked against this model:
-    /// the same vocabulary, tapped layers the model has.
-    pub fn use_eagle3(&mut self, dir: &Path) -> Result<()> {
-        let head = Arc::new(crate::drafters::eagle3::Eagle3Head::open(dir)?);
+    /// Drafts with the draft head in `dir` (EAGLE-3 or DFlash, docs/drafters.md), checked
+    /// against this model: the same vocabulary, tapped layers the model has.
+    pub fn use_drafter(&mut self, dir: &Path) -> Result<()> {
+        let head = crate::drafters::DraftHead::open(dir)?;
         let (vocab, layers) = (self.model.vocab_size(), self.model.new_state().layers.len());
-        let cfg = head.config();
-        let taps = cfg.taps(layers);
-        if cfg.vocab != vocab || taps.iter().any(|&l| l >= layers) {
+        let taps = head.taps(layers);
+        if head.vocab() != vocab || taps.iter().any(|&l| l >= layers) {
             return Err(crate::Error::Msg(format!(
-                "the EAGLE-3 head in {} is for a target of vocabulary {} tapping layers {taps:?}; \
+                "the {} head in {} is for a target of vocabulary {} tapping layers {taps:?}; \
                  this model has vocabulary {vocab} and {layers} layers",
+                head.kind(),
                 dir.display(),
-                cfg.vocab
+                head.vocab()
             )));
         }
-        self.drafter = Some(Arc::new(move || {
-            Box::new(crate::drafters::eagle3::Eagle3Drafter::new(
-                head.clone(),
-                layers,
-            ))
-        }));
+        self.drafter = Some(Arc::new(move || head.drafter(layers)));
         Ok(())
     }
 

@@ -1,16 +1,15 @@
-//! `setup --drafter REPO`: installs a published EAGLE-3 head (either spelling) beside a model,
+//! `setup --drafter REPO`: installs a published draft head (EAGLE-3 or DFlash, either spelling) beside a model,
 //! in `ROOT/drafter/`, where front ends find it (`drafters::installed`). Its config is checked
 //! as a head before any weights are fetched; the weights (one `model.safetensors`, or the
 //! shards a `model.safetensors.index.json` names) come through the same resumable, verified
 //! download as a model's shards; `config.json` is written last, so an interrupted install is
-//! never taken for a head. Owns the drafter's files; the head's format is `drafters::eagle3`.
+//! never taken for a head. Owns the drafter's files; the heads' formats are `drafters`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::download::download_shard;
 use crate::checkpoint::source::HubShard;
-use crate::drafters::eagle3::{Eagle3Config, Eagle3Head};
 use crate::fsio::atomic::write_atomic;
 use crate::hub::HubRepo;
 use crate::{Error, Result};
@@ -32,7 +31,7 @@ pub fn install_drafter(
         path: PathBuf::from(format!("{repo}/config.json")),
         source: e,
     })?;
-    Eagle3Config::from_value(&v, Path::new(&format!("{repo}/config.json")))?;
+    crate::drafters::is_dflash(&v, Path::new(&format!("{repo}/config.json")))?;
     let files: Vec<String> = match hub.fetch("model.safetensors.index.json") {
         Ok(index) => {
             write_atomic(&dir.join("model.safetensors.index.json"), &index)?;
@@ -78,7 +77,7 @@ pub fn install_drafter(
     bar.finish_and_clear();
     write_atomic(&dir.join("config.json"), &config)?;
     // Opens it as the engine will: every tensor's shape against the config.
-    Eagle3Head::open(&dir)?;
+    crate::drafters::DraftHead::open(&dir)?;
     say(&format!("drafter installed in {}", dir.display()));
     Ok(dir)
 }

@@ -68,16 +68,6 @@ fn get_usize(v: &Value, key: &str) -> Option<usize> {
     v.get(key).and_then(Value::as_u64).map(|x| x as usize)
 }
 
-fn need(v: &Value, key: &str, path: &Path) -> Result<usize> {
-    get_usize(v, key).ok_or_else(|| Error::Config {
-        field: key.into(),
-        rule: format!(
-            "{}: missing or not a number (an EAGLE-3 head needs it)",
-            path.display()
-        ),
-    })
-}
-
 fn flag(v: &Value, key: &str, default: bool) -> bool {
     v.get(key).and_then(Value::as_bool).unwrap_or(default)
 }
@@ -85,12 +75,7 @@ fn flag(v: &Value, key: &str, default: bool) -> bool {
 impl Eagle3Config {
     /// Reads `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let v: Value = serde_json::from_slice(&bytes).map_err(|e| Error::Json {
-            path: path.clone(),
-            source: e,
-        })?;
+        let (v, path) = crate::drafters::parts::read_config(dir)?;
         Self::from_value(&v, &path)
     }
 
@@ -133,34 +118,8 @@ impl Eagle3Config {
                 "a head of {layers} decoder layers: only the published single-layer head is supported"
             )));
         }
-        // Rotary settings: `rope_theta` and `rope_scaling`, or (transformers 5) one
-        // `rope_parameters` object holding `rope_theta` and `rope_type`.
-        let params = layer.get("rope_parameters").filter(|p| p.is_object());
-        let scaled = layer.get("rope_scaling").is_some_and(|s| !s.is_null())
-            || params
-                .and_then(|p| p.get("rope_type"))
-                .and_then(Value::as_str)
-                .is_some_and(|t| t != "default");
-        if scaled {
-            return Err(cfg_err(
-                "the rotary frequencies are scaled: not supported for draft heads yet".into(),
-            ));
-        }
-        let rope_theta = layer
-            .get("rope_theta")
-            .or_else(|| params.and_then(|p| p.get("rope_theta")))
-            .and_then(Value::as_f64)
-            .unwrap_or(10_000.0);
-        let hidden = need(layer, "hidden_size", path)?;
-        let heads = need(layer, "num_attention_heads", path)?;
-        let kv_heads = get_usize(layer, "num_key_value_heads").unwrap_or(heads);
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(cfg_err(format!(
-                "{heads} attention heads over {kv_heads} key/value heads"
-            )));
-        }
-        let head_dim = get_usize(layer, "head_dim").unwrap_or(hidden / heads);
-        let vocab = need(layer, "vocab_size", path)?;
+        let shape = crate::drafters::parts::LayerShape::read(layer).map_err(&cfg_err)?;
+        let vocab = shape.vocab;
         let draft_vocab = get_usize(v, "draft_vocab_size").unwrap_or(vocab);
         let model_type = layer.get("model_type").and_then(Value::as_str);
         let ids = match spelling {
@@ -198,17 +157,14 @@ impl Eagle3Config {
         let spec = spelling == Spelling::Speculators;
         Ok(Eagle3Config {
             spelling,
-            hidden,
-            target_hidden: get_usize(v, "target_hidden_size").unwrap_or(hidden),
-            heads,
-            kv_heads,
-            head_dim,
-            intermediate: need(layer, "intermediate_size", path)?,
-            eps: layer
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6) as f32,
-            rope_theta,
+            hidden: shape.hidden,
+            target_hidden: get_usize(v, "target_hidden_size").unwrap_or(shape.hidden),
+            heads: shape.heads,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            intermediate: shape.intermediate,
+            eps: shape.eps,
+            rope_theta: shape.rope_theta,
             vocab,
             draft_vocab,
             tap_layers,

@@ -7,10 +7,9 @@
 
 use std::path::Path;
 
-use safetensors::Dtype;
-
 use super::config::Eagle3Config;
 use crate::checkpoint::Inventory;
+use crate::drafters::parts::{read_d2t, target_id, Linear};
 use crate::layers::attention::{attend, AttnShape};
 use crate::layers::mapped::{matrix, Mapped, Stored};
 use crate::layers::norm::rms_norm;
@@ -63,12 +62,6 @@ pub struct StepOutput {
     pub rows: Vec<f32>,
 }
 
-/// A linear layer's weight and optional bias.
-struct Linear {
-    w: Stored,
-    b: Option<Vec<f32>>,
-}
-
 /// An EAGLE-3 head opened from its directory.
 pub struct Eagle3Head {
     cfg: Eagle3Config,
@@ -96,15 +89,7 @@ impl Eagle3Head {
         let p = cfg.layer_prefix();
         let (h, ht, hd) = (cfg.hidden, cfg.target_hidden, cfg.head_dim);
         let (qd, kvd) = (cfg.heads * hd, cfg.kv_heads * hd);
-        let lin = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
-            let w = matrix(&inv, &format!("{name}.weight"), rows, cols)?;
-            let bias = format!("{name}.bias");
-            let b = match inv.get(&bias) {
-                Some(_) => Some(map.vector(&inv, &bias, rows)?),
-                None => None,
-            };
-            Ok(Linear { w, b })
-        };
+        let lin = |name: &str, rows: usize, cols: usize| Linear::open(&inv, &map, name, rows, cols);
         let vec = |name: &str, n: usize| map.vector(&inv, name, n);
         let fc_norms = match cfg.fc_norm {
             true => (0..3)
@@ -127,7 +112,7 @@ impl Eagle3Head {
             Some(_) => Some(matrix(&inv, "embed_tokens.weight", cfg.vocab, h)?),
             None => None,
         };
-        let d2t = read_d2t(&inv, &map, &cfg)?;
+        let d2t = read_d2t(&inv, &map, cfg.draft_vocab, cfg.vocab)?;
         Ok(Eagle3Head {
             fc: lin("fc", h, 3 * ht)?,
             fc_norms,
@@ -185,17 +170,11 @@ impl Eagle3Head {
 
     /// The target id of draft id `d` (`d + d2t[d]`).
     pub fn target_id(&self, d: usize) -> u32 {
-        (d as i64 + self.d2t.get(d).copied().unwrap_or(0)) as u32
+        target_id(&self.d2t, d)
     }
 
     fn linear(&self, l: &Linear, x: &[f32], t: usize) -> Result<Vec<f32>> {
-        let mut y = self.map.matmul(&l.w, x, t)?;
-        if let Some(b) = &l.b {
-            for row in y.chunks_mut(b.len()) {
-                row.iter_mut().zip(b).for_each(|(a, c)| *a += c);
-            }
-        }
-        Ok(y)
+        l.apply(&self.map, x, t)
     }
 
     /// The incoming rows `[T, H]`: `fc` over the (normalised) taps, or the head's own rows.
@@ -286,53 +265,4 @@ impl Eagle3Head {
         let rows = if c.feed_normed { normed } else { out };
         Ok(StepOutput { logits, rows })
     }
-}
-
-/// `d2t` as int64 offsets `[Vd]`; absent only when the head predicts target ids directly.
-fn read_d2t(inv: &Inventory, map: &Mapped, cfg: &Eagle3Config) -> Result<Vec<i64>> {
-    let Some(t) = inv.get("d2t") else {
-        if cfg.draft_vocab == cfg.vocab {
-            return Ok(Vec::new());
-        }
-        return Err(Error::Tensor {
-            name: "d2t".into(),
-            msg: format!(
-                "missing: a draft vocabulary of {} ids needs it to reach the target's {}",
-                cfg.draft_vocab, cfg.vocab
-            ),
-        });
-    };
-    if t.dtype != Dtype::I64 || t.shape != [cfg.draft_vocab] {
-        return Err(Error::Tensor {
-            name: "d2t".into(),
-            msg: format!(
-                "expected I64 [{}], found {} {:?}",
-                cfg.draft_vocab, t.dtype, t.shape
-            ),
-        });
-    }
-    let s = Stored {
-        shard: t.shard,
-        start: t.start as usize,
-        end: t.end as usize,
-        dtype: t.dtype,
-        rows: 1,
-        cols: cfg.draft_vocab,
-    };
-    let d2t: Vec<i64> = map
-        .bytes(&s)
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-        .collect();
-    if let Some((d, _)) = d2t
-        .iter()
-        .enumerate()
-        .find(|&(d, &o)| d as i64 + o < 0 || (d as i64 + o) as usize >= cfg.vocab)
-    {
-        return Err(Error::Tensor {
-            name: "d2t".into(),
-            msg: format!("draft id {d} maps outside the target's vocabulary"),
-        });
-    }
-    Ok(d2t)
 }

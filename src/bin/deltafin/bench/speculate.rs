@@ -11,9 +11,8 @@ use std::sync::atomic::AtomicBool;
 
 use deltafin::measure::disk::ColdFiles;
 use deltafin::measure::Stats;
-use std::sync::Arc;
 
-use deltafin::drafters::eagle3::{Eagle3Drafter, Eagle3Head};
+use deltafin::drafters::DraftHead;
 use deltafin::runtime::generate::{Drafter, Generation, NgramDrafter, Speculation};
 use deltafin::Model;
 use deltafin::{Error, GenerateOptions, Generator, Result};
@@ -32,8 +31,8 @@ pub struct SpecBenchOptions {
     pub cold: bool,
     /// Also time the plain run's own continuation as drafts (every draft right): the bound.
     pub oracle: bool,
-    /// Draft with this EAGLE-3 head (else the n-gram drafter).
-    pub head: Option<Arc<Eagle3Head>>,
+    /// Draft with this head (else the n-gram drafter).
+    pub head: Option<DraftHead>,
 }
 
 /// The two synthetic prompts: a period-8 cycle of ids, and pseudo-random ids.
@@ -53,7 +52,7 @@ fn run_once(
     prompt: &[u32],
     decode: usize,
     spec: Speculation,
-    head: Option<&Arc<Eagle3Head>>,
+    head: Option<&DraftHead>,
 ) -> Result<Generation> {
     let opts = GenerateOptions {
         max_new: decode,
@@ -61,7 +60,7 @@ fn run_once(
         speculation: spec,
     };
     let mut drafter: Box<dyn Drafter> = match head {
-        Some(h) => Box::new(Eagle3Drafter::new(h.clone(), m.new_state().layers.len())),
+        Some(h) => h.drafter(m.new_state().layers.len()),
         None => Box::new(NgramDrafter::default()),
     };
     decode_with(m, prompt, &opts, &mut *drafter)
@@ -131,7 +130,7 @@ pub fn spec_bench(
         "spine_layers_streamed": r.as_ref().map_or(0, |r| r.layers_streamed),
         "spine_bytes_read_per_pass": r.as_ref().map_or(0, |r| r.bytes_read_per_token), "cold_spine": o.cold,
         "mode": o.spec.mode, "depth": o.spec.depth, "decode": o.decode,
-        "drafter": if o.head.is_some() { "eagle3" } else { "ngram" }}));
+        "drafter": o.head.as_ref().map_or("ngram", DraftHead::kind)}));
     for (name, prompt) in &o.prompts {
         run_once(model, prompt, o.decode.min(4), Speculation::OFF, None)?; // warm-up
         let (mut off_ms, mut on_ms, mut ratios) = (Vec::new(), Vec::new(), Vec::new());

@@ -130,9 +130,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                     cold: cold_spine,
                     oracle: oracle_drafts,
                     head: match &drafter {
-                        Some(d) => Some(std::sync::Arc::new(
-                            deltafin::drafters::eagle3::Eagle3Head::open(d)?,
-                        )),
+                        Some(d) => Some(deltafin::drafters::DraftHead::open(d)?),
                         None => None,
                     },
                 };

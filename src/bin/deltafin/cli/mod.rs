@@ -3,7 +3,7 @@
 mod bench_args;
 mod bench_run;
 pub mod doctor;
-mod eagle3;
+mod draft_logits;
 pub mod eval;
 pub mod events;
 mod fixture;
@@ -82,7 +82,10 @@ pub enum Command {
     Logits(logits::LogitsArgs),
     /// Run one EAGLE-3 draft-head step over given token ids and target rows and print its
     /// logits as JSON (for checks against another implementation of the head).
-    Eagle3Logits(eagle3::Eagle3Args),
+    Eagle3Logits(draft_logits::Eagle3Args),
+    /// Run a DFlash draft head over given token ids and target rows, one block at each given
+    /// anchor, and print its logits as JSON (for checks against another implementation).
+    DflashLogits(draft_logits::DFlashArgs),
     /// Train an EAGLE-3 draft head for a model on its own greedy continuations and hidden
     /// rows, written in the published layout (resumable; Ctrl-C checkpoints and stops).
     TrainDrafter(train_drafter::TrainDrafterArgs),
@@ -150,7 +153,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(a) => run::run(&a)?,
         Command::Logits(a) => logits::run(&a)?,
-        Command::Eagle3Logits(a) => eagle3::run(&a)?,
+        Command::Eagle3Logits(a) => draft_logits::run(&a)?,
+        Command::DflashLogits(a) => draft_logits::run_dflash(&a)?,
         Command::TrainDrafter(a) => train_drafter::run(&a)?,
         Command::Render(a) => render::run(&a)?,
         Command::Doctor(a) => doctor::run(&a)?,

@@ -105,7 +105,7 @@ impl SpecArgs {
             None => deltafin::drafters::installed(engine.root()),
         };
         if let Some(d) = &dir {
-            engine.use_eagle3(d)?;
+            engine.use_drafter(d)?;
             eprintln!("drafter: the EAGLE-3 head in {}", d.display());
         }
         Ok(dir)

@@ -1,0 +1,13 @@
+//! DFlash block drafters (docs/drafters.md): the config in either published spelling
+//! (`config`), the head over its mapped tensors (`head`): the target's fused rows as every
+//! draft layer's context keys and values, one non-causal pass over a block of the anchor token
+//! and mask tokens giving a draft per slot; and the head as the decoding loop's drafter over
+//! the target's tapped rows (`drafter`).
+
+pub mod config;
+pub mod drafter;
+pub mod head;
+
+pub use config::{DFlashConfig, DFlashSpelling};
+pub use drafter::DFlashDrafter;
+pub use head::{ContextCache, DFlashHead};
