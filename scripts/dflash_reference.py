@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""deltafin's DFlash block drafter against vLLM `speculators`' own module (CPU torch, fp32).
+"""deltafin's DFlash and DSpark block drafters against vLLM `speculators`' own modules (CPU
+torch, fp32).
 
 For each case: builds a random head with speculators' `DFlashDraftModel` (every weight drawn,
 norms around 1; a draft vocabulary smaller than the target's with its d2t/t2d maps, or the
@@ -9,8 +10,11 @@ target rows, and compares the draft logits of every block slot at every anchor f
 `deltafin dflash-logits` with the module's (`_backbone_forward`, every valid position an
 anchor, eager attention over its own anchor-block mask). The same head in z-lab's original
 spelling (`DFlashDraftModel` config with `dflash_config`, layer outputs instead of capture
-points) must give the same logits. A negative control (another `mask_token_id` in our copy of
-the config) must disagree. Runs speculators, never copies it.
+points) must give the same logits. DSpark heads (`DSparkDraftModel`: vanilla, gated and
+recurrent Markov heads, with and without sampling from the anchor) add the Markov head's bias
+over the block's true tokens, as the module's `forward` forms it. A negative control (another
+`mask_token_id`, or for DSpark `sample_from_anchor` flipped, in our copy of the config) must
+disagree. Runs speculators, never copies it.
 
     dflash_reference.py --deltafin BIN --work DIR [--tol 1e-4]
 """
@@ -33,31 +37,42 @@ from transformers import Qwen3Config
 from speculators.config import SpeculatorsConfig, VerifierConfig
 from speculators.models.dflash import DFlashSpeculatorConfig
 from speculators.models.dflash.core import DFlashDraftModel
+from speculators.models.dspark import DSparkSpeculatorConfig
+from speculators.models.dspark.core import DSparkDraftModel
 from speculators.proposals.greedy import GreedyTokenProposalConfig
 
 V, H, T = 320, 64, 21
 
 
-def build(seed, layers, block, vd, bias):
+def build(seed, layers, block, vd, bias, markov=None):
+    """A random DFlash head, or (with `markov` = (head type, sample_from_anchor)) a DSpark
+    head: the same backbone with speculators' sequential logit bias and confidence head."""
     torch.manual_seed(seed)
     tl = Qwen3Config(hidden_size=H, intermediate_size=112, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=16, vocab_size=V, rms_norm_eps=1e-5,
                      rope_theta=5000.0, max_position_embeddings=256, num_hidden_layers=layers,
                      attention_bias=bias, tie_word_embeddings=False)
     tl._attn_implementation = "eager"
-    cfg = DFlashSpeculatorConfig(
+    common = dict(
         transformer_layer_config=tl, draft_vocab_size=vd, block_size=block,
         aux_hidden_state_layer_ids=[2, 5, 8], mask_token_id=V - 3,
         speculators_config=SpeculatorsConfig(
-            algorithm="dflash",
+            algorithm="dspark" if markov else "dflash",
             proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block - 1)],
             default_proposal_method="greedy",
             verifier=VerifierConfig(name_or_path="random-target", architectures=["Target"])))
-    m = DFlashDraftModel(cfg).eval()
+    if markov:
+        cfg = DSparkSpeculatorConfig(markov_rank=24, markov_head_type=markov[0],
+                                     sample_from_anchor=markov[1], **common)
+        m = DSparkDraftModel(cfg).eval()
+    else:
+        m = DFlashDraftModel(DFlashSpeculatorConfig(**common)).eval()
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.startswith("markov_head"):
+                p.copy_(0.3 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.05 * torch.randn_like(p))
             else:
@@ -82,16 +97,25 @@ def save(m, d):
 
 
 def reference(m, ids, taps):
-    n = len(ids)
+    """Every anchor's block logits; for DSpark with the Markov head's bias over the block's
+    true tokens, the previous token of each slot as its `forward` forms them."""
+    n, b = len(ids), m.block_size
     with torch.no_grad():
-        _, logits, _, _, anchors = m._backbone_forward(
+        hidden, logits, _, _, idx = m._backbone_forward(
             hidden_states=taps[None], input_ids=ids[None],
             loss_mask=torch.ones(1, n, dtype=torch.long),
             verifier_last_hidden_states=torch.zeros(1, n, H),
             document_ids=torch.zeros(1, n, dtype=torch.long),
-            max_anchors=n - m.block_size)
-    anchors = anchors.view(-1, m.block_size)[:, 0]
-    return anchors, logits[0].float().view(len(anchors), m.block_size, -1)
+            max_anchors=n - b)
+        nb = len(idx) // b
+        logits = logits[0].float().view(nb, b, -1)
+        if getattr(m, "markov_head", None) is not None:
+            tokens = ids[idx].view(nb, b)
+            prev = tokens if m.config.sample_from_anchor else torch.cat(
+                [tokens[:, :1], tokens[:, :-1]], dim=1)
+            logits = logits + m.markov_head.block_bias(
+                prev_token_ids=prev, hidden_states=hidden.view(nb, b, -1)).float()
+    return idx.view(nb, b)[:, 0], logits
 
 
 def ours(binary, head_dir, inputs):
@@ -128,16 +152,21 @@ def main():
     p.add_argument("--tol", type=float, default=1e-4)
     a = p.parse_args()
     warnings.filterwarnings("ignore")
-    cases = [  # name, seed, layers, block, draft vocabulary, attention bias
-        ("1 layer, block 4, draft vocabulary 96", 0, 1, 4, 96, False),
-        ("3 layers, block 8, full vocabulary (also as z-lab)", 1, 3, 8, V, False),
-        ("2 layers, block 6, biases, draft vocabulary 128", 2, 2, 6, 128, True),
+    cases = [  # name, seed, layers, block, draft vocabulary, attention bias, DSpark head
+        ("DFlash: 1 layer, block 4, draft vocabulary 96", 0, 1, 4, 96, False, None),
+        ("DFlash: 3 layers, block 8, full vocabulary (also as z-lab)", 1, 3, 8, V, False, None),
+        ("DFlash: 2 layers, block 6, biases, draft vocabulary 128", 2, 2, 6, 128, True, None),
+        ("DSpark: vanilla Markov head, from the anchor, draft vocabulary 96", 3, 2, 7, 96, False,
+         ("vanilla", True)),
+        ("DSpark: gated Markov head, not from the anchor", 4, 1, 5, V, False, ("gated", False)),
+        ("DSpark: recurrent Markov head, from the anchor, draft vocabulary 128", 5, 2, 6, 128,
+         False, ("rnn", True)),
     ]
     ok = True
-    for name, seed, layers, block, vd, bias in cases:
+    for name, seed, layers, block, vd, bias, markov in cases:
         d = os.path.join(a.work, f"dflash-{seed}")
         shutil.rmtree(d, ignore_errors=True)
-        m = build(seed, layers, block, vd, bias)
+        m = build(seed, layers, block, vd, bias, markov)
         save(m, d)
         g = torch.Generator().manual_seed(100 + seed)
         ids = torch.randint(0, V, (T,), generator=g)
@@ -153,7 +182,7 @@ def main():
         line = (f"{name}: {len(anchors)} anchors x {block} slots, draft logits worst rel "
                 f"{worst:.2e}, target ids {'equal' if same_ids else 'DIFFER'}")
         good = worst <= a.tol and same_ids
-        if vd == V:
+        if vd == V and markov is None:
             z = d + "-zlab"
             zlab_copy(d, z, block)
             zw = rel_worst(ours(a.deltafin, z, inputs)["logits"], ref)
@@ -162,10 +191,16 @@ def main():
         ctl = d + "-control"
         shutil.copytree(d, ctl, dirs_exist_ok=True)
         cfg = json.load(open(os.path.join(ctl, "config.json")))
-        cfg["mask_token_id"] = cfg["mask_token_id"] + 1
+        # Control: another mask token (DSpark: the Markov head's previous tokens shifted by
+        # one slot, by flipping sample_from_anchor, which moves no draft slot's logits else).
+        what = "sample_from_anchor flipped" if markov else "another mask token"
+        if markov:
+            cfg["sample_from_anchor"] = not markov[1]
+        else:
+            cfg["mask_token_id"] = cfg["mask_token_id"] + 1
         json.dump(cfg, open(os.path.join(ctl, "config.json"), "w"))
         cw = rel_worst(ours(a.deltafin, ctl, inputs)["logits"], ref)
-        line += f"; control (another mask token) {cw:.2e}"
+        line += f"; control ({what}) {cw:.2e}"
         if cw <= a.tol:
             print(f"FAIL {name}: the control agrees: the check cannot see that error",
                   file=sys.stderr)

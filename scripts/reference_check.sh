@@ -101,9 +101,10 @@ fi
 mkdir -p "$work/eagle3"
 PYTHONPATH="$spec_dir/pkg:$spec_dir/deps" "$tvenv/bin/python" "$repo/scripts/eagle3_reference.py" \
     --deltafin "$bin" --work "$work/eagle3" || status=1
-# DFlash block drafters against speculators' DFlashDraftModel (eager attention over its own
-# anchor-block mask): three random heads (1-3 layers, blocks of 4-8, draft or full vocabulary,
-# biases), every slot of every anchor's block, z-lab's spelling, and a control that must fail.
+# DFlash and DSpark block drafters against speculators' DFlashDraftModel and DSparkDraftModel
+# (eager attention over its own anchor-block mask): six random heads (1-3 layers, blocks of 4-8,
+# draft or full vocabulary, biases, three Markov heads), every slot of every anchor's block,
+# z-lab's spelling, and a control per head that must fail.
 PYTHONPATH="$spec_dir/pkg:$spec_dir/deps" "$tvenv/bin/python" "$repo/scripts/dflash_reference.py" \
     --deltafin "$bin" --work "$work/eagle3" || status=1
 # Harmony prompts (gpt-oss) against OpenAI's renderer, openai-harmony, token for token with the

@@ -56,6 +56,21 @@ fn write_head(dir: &Path, v: usize, h: usize, edit: impl FnOnce(&mut serde_json:
         ("norm.weight".into(), vec![h], -1.0),
         ("lm_head.weight".into(), vec![v, h], 0.3),
     ];
+    if cfg["speculators_model_type"] == "dspark" {
+        let r = cfg["markov_rank"].as_u64().unwrap() as usize;
+        shapes.push(("markov_head.markov_w1.weight".into(), vec![v, r], 1.0));
+        shapes.push(("markov_head.markov_w2.weight".into(), vec![v, r], 1.0));
+        let mix = match cfg["markov_head_type"].as_str() {
+            Some("gated") => Some(("gate_proj", r, h + r)),
+            Some("rnn") => Some(("joint_proj", 3 * r, 2 * r + h)),
+            _ => None,
+        };
+        if let Some((name, rows, cols)) = mix {
+            let p = format!("markov_head.{name}");
+            shapes.push((format!("{p}.weight"), vec![rows, cols], 0.3));
+            shapes.push((format!("{p}.bias"), vec![rows], 0.3));
+        }
+    }
     for l in 0..2 {
         let p = format!("layers.{l}.");
         for (n, sh, s) in [
@@ -117,7 +132,7 @@ fn the_context_read_in_pieces_gives_the_blocks_of_the_whole() {
     let w = 3 * H;
     let mut whole = ContextCache::starting_at(0);
     head.extend(&rows, &mut whole).unwrap();
-    let want = head.block(17, &whole).unwrap();
+    let want = head.block(17, &whole).unwrap().logits;
     assert_eq!(want.len(), BLOCK * 60);
     // In pieces, with a stretch read, cut back (rejected drafts) and read again.
     let mut pieces = ContextCache::starting_at(0);
@@ -127,12 +142,12 @@ fn the_context_read_in_pieces_gives_the_blocks_of_the_whole() {
     head.extend(&rows[11 * w..20 * w], &mut pieces).unwrap();
     head.extend(&rows[20 * w..], &mut pieces).unwrap();
     assert_eq!(pieces.end(), 30);
-    let got = head.block(17, &pieces).unwrap();
+    let got = head.block(17, &pieces).unwrap().logits;
     assert!(rel(&got, &want) < 1e-5, "rel {}", rel(&got, &want));
     // The check can see the context: a block over one row fewer differs.
     let mut short = whole.clone();
     short.truncate_to(29);
-    let other = head.block(17, &short).unwrap();
+    let other = head.block(17, &short).unwrap().logits;
     assert!(rel(&other, &want) > 1e-3, "rel {}", rel(&other, &want));
     // Both spellings open as DraftHead, by their config.
     assert_eq!(DraftHead::open(d.path()).unwrap().kind(), "DFlash");
@@ -178,6 +193,39 @@ fn malformed_heads_are_refused_by_name() {
     // Not a draft head at all.
     let e = DraftHead::open(d.path()).err().unwrap().to_string();
     assert!(e.contains("config.json"), "{e}");
+}
+
+/// DSpark's sequential head drafts what it would score: the chain's drafts, fed back as the
+/// block's true tokens, give the same logits (each slot biased by the token drafted before it),
+/// and the bias moves the drafts (else this could not see it).
+#[test]
+fn dspark_chains_each_slot_on_the_draft_before_it() {
+    let d = tempfile::tempdir().unwrap();
+    for (kind, from_anchor) in [("vanilla", true), ("gated", false), ("rnn", true)] {
+        let dir = d.path().join(kind);
+        write_head(&dir, 60, H, |c| {
+            c["speculators_model_type"] = "dspark".into();
+            c["markov_rank"] = 8.into();
+            c["markov_head_type"] = kind.into();
+            c["sample_from_anchor"] = from_anchor.into();
+        });
+        let head = DFlashHead::open(&dir).unwrap();
+        let mut cache = ContextCache::starting_at(0);
+        head.extend(&taps(12, 5), &mut cache).unwrap();
+        let block = head.block(17, &cache).unwrap();
+        let (logits, drafts) = head.chain(&block, 17, None).unwrap();
+        assert_eq!(drafts.len(), if from_anchor { BLOCK } else { BLOCK - 1 });
+        let forced: Vec<u32> = std::iter::once(17).chain(drafts.iter().copied()).collect();
+        let (again, same) = head.chain(&block, 17, Some(&forced)).unwrap();
+        assert_eq!(same, drafts, "{kind}");
+        assert_eq!(again, logits, "{kind}");
+        assert_ne!(logits, block.logits, "{kind}: the bias moves nothing");
+        // Another previous token moves the slots after the first drafting one.
+        let mut other = forced.clone();
+        other[1] = (other[1] + 1) % 60;
+        let (moved, _) = head.chain(&block, 17, Some(&other)).unwrap();
+        assert_ne!(moved, logits, "{kind}");
+    }
 }
 
 /// K3-nano with a random DFlash head: speculation with it emits plain decoding's tokens, and
@@ -230,9 +278,21 @@ fn on_k3_nano_the_drafter_changes_no_token_and_reads_the_whole_context() {
         mode: SpecMode::Ngram,
         depth: BLOCK - 1,
     };
-    for seed in [None, Some(1), Some(2)] {
+    let dspark_dir = d.path().join("dspark");
+    write_head(&dspark_dir, v, ht, |c| {
+        c["speculators_model_type"] = "dspark".into();
+        c["markov_rank"] = 8.into();
+        c["markov_head_type"] = "rnn".into();
+    });
+    for (seed, dir) in [
+        (None, &head_dir),
+        (Some(1), &head_dir),
+        (Some(2), &head_dir),
+        (None, &dspark_dir),
+        (Some(3), &dspark_dir),
+    ] {
         let plain = gen(&e, Speculation::OFF, seed, &mut *e.new_drafter());
-        e.use_drafter(&head_dir).unwrap();
+        e.use_drafter(dir).unwrap();
         let g = gen(&e, spec, seed, &mut *e.new_drafter());
         assert_eq!(g.generated_ids, plain.generated_ids, "seed {seed:?}");
         // It drafts in every pass after the prompt's but the last (which may have no room):
@@ -262,7 +322,7 @@ fn on_k3_nano_the_drafter_changes_no_token_and_reads_the_whole_context() {
         .collect();
     let mut cache = ContextCache::starting_at(0);
     head.extend(&taps, &mut cache).unwrap();
-    let logits = head.block(context[n], &cache).unwrap();
+    let logits = head.block(context[n], &cache).unwrap().logits;
     let want: Vec<u32> = logits
         .chunks(v)
         .skip(1)

@@ -1,5 +1,6 @@
 //! A DFlash block drafter's `config.json` in either published spelling, read into one shape:
-//! vLLM `speculators`' (`speculators_model_type: "dflash"`, the layers' Qwen3 config under
+//! vLLM `speculators`' (`speculators_model_type: "dflash"`, or `"dspark"` with its sequential
+//! head's `markov_rank` and `markov_head_type`, the layers' Qwen3 config under
 //! `transformer_layer_config`, `aux_hidden_state_layer_ids` counting capture points: the
 //! input of layer `j`, i.e. the output of layer `j − 1`) and z-lab's original
 //! (`architectures: ["DFlashDraftModel"]`, a Qwen3 config at the top, `dflash_config` with
@@ -57,8 +58,32 @@ pub struct DFlashConfig {
     /// The token whose embedding fills the block's positions after the anchor.
     pub mask_token_id: u32,
     /// The anchor's own slot predicts the next token (the block drafts `block_size` tokens);
-    /// otherwise slot `i ≥ 1` predicts the token at the anchor's position plus `i`.
+    /// otherwise slot `i ≥ 1` predicts the token at the anchor's position plus `i`. DSpark's
+    /// default, not DFlash's.
     pub sample_from_anchor: bool,
+    /// DSpark's sequential head: a low-rank logit bias from the token before each slot.
+    pub markov: Option<Markov>,
+}
+
+/// DSpark's sequential (Markov) head: `bias = W2 · f(W1[prev])`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Markov {
+    /// The rank `r` of `W1` `[V, r]` and `W2` `[Vd, r]`.
+    pub rank: usize,
+    /// How the previous token's row becomes the bias.
+    pub kind: MarkovKind,
+}
+
+/// The published variants of DSpark's sequential head (`markov_head_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkovKind {
+    /// `W2 · W1[prev]`.
+    Vanilla,
+    /// `W2 · (σ(gate([hidden, W1[prev]])) ⊙ W1[prev])`.
+    Gated,
+    /// A recurrent state over the block's slots: `[g; c; o] = joint([state, W1[prev],
+    /// hidden])`, `state = σ(g)·state + (1 − σ(g))·tanh(c)`, bias `W2 · tanh(o)`.
+    Rnn,
 }
 
 fn get_usize(v: &Value, key: &str) -> Option<usize> {
@@ -83,8 +108,10 @@ impl DFlashConfig {
 
     /// Whether a parsed `config.json` is a DFlash head's, in either spelling.
     pub fn is_dflash(v: &Value) -> bool {
-        v.get("speculators_model_type").and_then(Value::as_str) == Some("dflash")
-            || v.get("dflash_config").is_some_and(Value::is_object)
+        matches!(
+            v.get("speculators_model_type").and_then(Value::as_str),
+            Some("dflash" | "dspark")
+        ) || v.get("dflash_config").is_some_and(Value::is_object)
     }
 
     /// Reads a parsed `config.json` (`path` names it in errors).
@@ -104,7 +131,7 @@ impl DFlashConfig {
             .get("speculators_model_type")
             .and_then(Value::as_str)
         {
-            Some("dflash") => {
+            Some("dflash" | "dspark") => {
                 let layer = v
                     .get("transformer_layer_config")
                     .ok_or_else(|| err("`transformer_layer_config` is missing".into()))?;
@@ -128,7 +155,7 @@ impl DFlashConfig {
             }
             Some(other) => {
                 return Err(err(format!(
-                    "speculators_model_type `{other}` is not a DFlash head (dflash)"
+                    "speculators_model_type `{other}` is not a DFlash head (dflash, dspark)"
                 )))
             }
             None => {
@@ -157,6 +184,7 @@ impl DFlashConfig {
             ));
         }
         let shape = crate::drafters::parts::LayerShape::read(layer).map_err(&err)?;
+        let dspark = v.get("speculators_model_type").and_then(Value::as_str) == Some("dspark");
         let vocab = shape.vocab;
         let mask_token_id = mask.and_then(Value::as_u64).ok_or_else(|| {
             err("`mask_token_id` is missing (the block's mask positions need it)".into())
@@ -194,7 +222,23 @@ impl DFlashConfig {
             sample_from_anchor: v
                 .get("sample_from_anchor")
                 .and_then(Value::as_bool)
-                .unwrap_or(false),
+                .unwrap_or(dspark),
+            markov: match (dspark, get_usize(v, "markov_rank").unwrap_or(256)) {
+                (false, _) | (true, 0) => None,
+                (true, rank) => Some(Markov {
+                    rank,
+                    kind: match v.get("markov_head_type").and_then(Value::as_str) {
+                        None | Some("vanilla") => MarkovKind::Vanilla,
+                        Some("gated") => MarkovKind::Gated,
+                        Some("rnn") => MarkovKind::Rnn,
+                        Some(other) => {
+                            return Err(err(format!(
+                                "markov_head_type `{other}` (vanilla, gated or rnn)"
+                            )))
+                        }
+                    },
+                }),
+            },
         })
     }
 

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::head::{ContextCache, DFlashHead};
-use crate::runtime::generate::{argmax, Drafter};
+use crate::runtime::generate::Drafter;
 use crate::runtime::observe::Observer;
 use crate::runtime::observers::{HiddenTap, Tapped};
 
@@ -84,16 +84,17 @@ impl Drafter for DFlashDrafter {
         if k == 0 || self.cache.end() != valid {
             return Vec::new();
         }
-        let Ok(logits) = self.head.block(context[valid], &self.cache) else {
-            return Vec::new();
-        };
-        let cfg = self.head.config();
-        let vd = cfg.draft_vocab;
-        logits
-            .chunks(vd)
-            .skip(cfg.first_slot())
-            .take(k)
-            .map(|row| self.head.target_id(argmax(row) as usize))
-            .collect()
+        let anchor = context[valid];
+        match self
+            .head
+            .block(anchor, &self.cache)
+            .and_then(|b| self.head.chain(&b, anchor, None))
+        {
+            Ok((_, mut drafts)) => {
+                drafts.truncate(k);
+                drafts
+            }
+            Err(_) => Vec::new(),
+        }
     }
 }

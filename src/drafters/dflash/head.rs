@@ -10,6 +10,7 @@
 use std::path::Path;
 
 use super::config::DFlashConfig;
+use super::markov::MarkovHead;
 use crate::checkpoint::Inventory;
 use crate::drafters::parts::{read_d2t, target_id, Linear};
 use crate::layers::attention::{attend, AttnShape};
@@ -82,6 +83,17 @@ pub struct DFlashHead {
     embed: Stored,
     d2t: Vec<i64>,
     rope: Rope,
+    markov: Option<MarkovHead>,
+}
+
+/// One block's pass: each slot's final-norm row and its logits over the draft vocabulary
+/// (before DSpark's sequential bias, which depends on the tokens drafted before it).
+#[derive(Debug, Clone)]
+pub struct Block {
+    /// `[block_size, H]`.
+    pub hidden: Vec<f32>,
+    /// `[block_size, Vd]`.
+    pub logits: Vec<f32>,
 }
 
 impl DFlashHead {
@@ -140,6 +152,15 @@ impl DFlashHead {
             embed: matrix(&inv, "embed_tokens.weight", cfg.vocab, h)?,
             d2t: read_d2t(&inv, &map, cfg.draft_vocab, cfg.vocab)?,
             rope: Rope::plain(cfg.rope_theta, hd),
+            markov: match cfg.markov {
+                Some(m) => Some(MarkovHead::open(
+                    &inv,
+                    &map,
+                    m,
+                    (cfg.vocab, cfg.draft_vocab, h),
+                )?),
+                None => None,
+            },
             map,
             cfg,
         })
@@ -211,9 +232,8 @@ impl DFlashHead {
     }
 
     /// The block at the position after `cache`'s last row: `anchor` there and mask tokens
-    /// after it, over every context row → logits over the draft vocabulary, one row per slot
-    /// `[block_size, Vd]`.
-    pub fn block(&self, anchor: u32, cache: &ContextCache) -> Result<Vec<f32>> {
+    /// after it, over every context row.
+    pub fn block(&self, anchor: u32, cache: &ContextCache) -> Result<Block> {
         let c = &self.cfg;
         let (b, h, hd) = (c.block_size, c.hidden, c.head_dim);
         let qd = c.heads * hd;
@@ -257,7 +277,46 @@ impl DFlashHead {
             x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
         }
         debug_assert_eq!(x.len(), b * h);
-        self.lm_head
-            .apply(&self.map, &rms_norm(&x, &self.norm, c.eps), b)
+        let hidden = rms_norm(&x, &self.norm, c.eps);
+        let logits = self.lm_head.apply(&self.map, &hidden, b)?;
+        Ok(Block { hidden, logits })
+    }
+
+    /// Every slot's logits with DSpark's sequential bias added, and the greedy drafts. Slot `s`
+    /// is biased by the token before its target: the anchor for the first drafting slot (and
+    /// any before it), then the token the slot before drafted, or, with `forced` (the true
+    /// tokens at the anchor's position and after, `[block_size]`), that true token.
+    pub fn chain(
+        &self,
+        b: &Block,
+        anchor: u32,
+        forced: Option<&[u32]>,
+    ) -> Result<(Vec<f32>, Vec<u32>)> {
+        let c = &self.cfg;
+        let (vd, h, first) = (c.draft_vocab, c.hidden, c.first_slot());
+        let mut logits = b.logits.clone();
+        let mut known = vec![anchor];
+        let mut state = self
+            .markov
+            .as_ref()
+            .map(MarkovHead::state)
+            .unwrap_or_default();
+        for s in 0..c.block_size {
+            let row = &mut logits[s * vd..][..vd];
+            if let Some(m) = &self.markov {
+                let j = s.saturating_sub(first);
+                let prev = match forced {
+                    Some(f) => f.get(j).copied().unwrap_or(anchor),
+                    None => known.get(j).copied().unwrap_or(anchor),
+                };
+                let bias = m.bias(&self.map, prev, &b.hidden[s * h..][..h], &mut state)?;
+                row.iter_mut().zip(&bias).for_each(|(x, y)| *x += y);
+            }
+            if s >= first {
+                known.push(self.target_id(crate::runtime::generate::argmax(row) as usize));
+            }
+        }
+        known.remove(0);
+        Ok((logits, known))
     }
 }

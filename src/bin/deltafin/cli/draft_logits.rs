@@ -94,7 +94,8 @@ pub struct DFlashArgs {
     pub drafter: PathBuf,
     /// A safetensors file holding `input_ids` (I64 `[T]`), `hidden_states` (F32 `[T, n·Ht]`,
     /// the target's tapped rows at each position) and `anchors` (I64, ascending positions
-    /// below `T`: a block is drafted at each, over the rows of the positions before it).
+    /// below `T`: a block is drafted at each, over the rows of the positions before it; a
+    /// DSpark head's sequential bias follows the block's true tokens from `input_ids`).
     #[arg(long)]
     pub input: PathBuf,
 }
@@ -118,7 +119,10 @@ pub fn run_dflash(a: &DFlashArgs) -> anyhow::Result<()> {
         if at > cache.end() {
             head.extend(&taps[cache.end() * w..at * w], &mut cache)?;
         }
-        let l = head.block(ids[at], &cache)?;
+        let block = head.block(ids[at], &cache)?;
+        // DSpark's bias follows the true tokens of the block where the input holds them.
+        let forced = ids.get(at..at + head.config().block_size);
+        let (l, _) = head.chain(&block, ids[at], forced)?;
         let rows: Vec<Vec<f32>> = l.chunks(vd).map(<[f32]>::to_vec).collect();
         target.push(
             rows.iter()
