@@ -262,6 +262,73 @@ fn batch_matches_alone(root: &Path, what: &str, lens: &[usize], max_new: usize, 
     }
 }
 
+/// Proposes the right tokens, slowly.
+struct Slow(Scripted);
+
+impl Drafter for Slow {
+    fn propose(&mut self, context: &[u32], k: usize) -> Vec<u32> {
+        if k > 0 {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        self.0.propose(context, k)
+    }
+}
+
+/// In shared passes, as alone, a request's drafting time counts as its pass's: a drafter that
+/// is always right but takes 25 ms a proposal (passes of K3-nano take about a millisecond) is
+/// turned down by the depth controller to its probes (counting only the pass's own time, it
+/// drafted in every pass).
+#[test]
+fn a_slow_drafter_is_turned_down_in_shared_passes() {
+    let e = Arc::new(Engine::open(&common::nano(), &EngineOptions::default()).unwrap());
+    let cases = cases(&e, &[20, 30], 96);
+    let s = Scheduler::new(e.clone(), BatchOptions::default());
+    let (tx, rx) = mpsc::channel();
+    for (i, case) in cases.iter().enumerate() {
+        let reply = alone(
+            &e,
+            &Case {
+                spec: Spec::Off,
+                ..case.clone()
+            },
+        )
+        .tokens;
+        let tx = tx.clone();
+        s.submit(Request {
+            ids: case.prompt.clone(),
+            marks: case.marks.clone(),
+            opts: GenerateOptions {
+                max_new: 96,
+                stop_ids: vec![],
+                speculation: Speculation::default(),
+            },
+            choose: Box::new(deltafin::runtime::generate::argmax),
+            on_event: Box::new(move |ev| {
+                if let SeqEvent::Done(g) = ev {
+                    tx.send((i, g.spec)).unwrap()
+                }
+            }),
+            cancel: Arc::new(AtomicBool::new(false)),
+            prompt_logits: None,
+            drafter: Some(Box::new(Slow(Scripted {
+                prompt: case.prompt.len(),
+                reply,
+            }))),
+        })
+        .unwrap();
+    }
+    for _ in &cases {
+        let (i, spec) = rx.recv_timeout(Duration::from_secs(300)).unwrap();
+        assert!(spec.passes > 0, "request {i}: {spec:?}");
+        assert!(
+            spec.verify_passes * 3 <= spec.passes,
+            "request {i} drafted in {} of {} passes",
+            spec.verify_passes,
+            spec.passes
+        );
+    }
+}
+
 #[test]
 fn batched_requests_match_alone_on_nano() {
     let lens = [7, 45, 150, 90, 3, 130];

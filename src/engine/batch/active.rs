@@ -35,6 +35,9 @@ pub(super) struct Active {
     cached: usize,
     /// Tokens emitted so far.
     tokens: usize,
+    /// Whether the drafter has proposed yet (its first proposal reads the whole prompt, a
+    /// cost of the prompt, not of the depth, so its time is not the pass's).
+    drafted: bool,
     t0: Instant,
 }
 
@@ -106,6 +109,7 @@ impl Active {
             drafter,
             cached: start,
             tokens: 0,
+            drafted: false,
             t0,
         };
         if let Some(l) = logits {
@@ -312,9 +316,19 @@ pub(super) fn step(engine: &Engine, active: &mut [Active], opts: &BatchOptions) 
     let mut st = Step::default();
     // Decode rows first, so the prompt pieces get what the pass has left.
     let mut plans: Vec<Option<Rows>> = Vec::with_capacity(active.len());
-    for a in active.iter_mut() {
+    // Each sequence's drafting time counts as its pass's, as in a solo generation: the depth
+    // controller weighs both.
+    let mut draft_secs = vec![0f64; active.len()];
+    for (a, secs) in active.iter_mut().zip(&mut draft_secs) {
         let decoding = matches!(a.phase, Phase::Decode(_));
-        plans.push(if decoding { a.rows(&mut 0) } else { None });
+        let t = Instant::now();
+        let plan = if decoding { a.rows(&mut 0) } else { None };
+        if let Some(Rows::Decode(_, drafts)) = &plan {
+            if !drafts.is_empty() && std::mem::replace(&mut a.drafted, true) {
+                *secs = t.elapsed().as_secs_f64();
+            }
+        }
+        plans.push(plan);
     }
     let decode_rows: usize = plans
         .iter()
@@ -398,7 +412,7 @@ pub(super) fn step(engine: &Engine, active: &mut [Active], opts: &BatchOptions) 
                 st.decode_rows += ids.len();
                 let before = a.tokens;
 
-                match Pass::from_output(out, drafts, st.secs) {
+                match Pass::from_output(out, drafts, st.secs + draft_secs[i]) {
                     Ok(p) => a.absorb(engine, p),
                     Err(e) => {
                         (a.req.on_event)(SeqEvent::Failed(e.to_string()));
