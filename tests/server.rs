@@ -180,7 +180,7 @@ fn busy_queue_and_disconnect() {
     // A long streaming request holds the only slot.
     let long = json!({"messages": [{"role": "user", "content": "go"}], "stream": true, "max_tokens": 1_000_000}).to_string();
     let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
     let mut buf = [0u8; 512];
     let n = s.read(&mut buf).unwrap();
     assert!(n > 0, "the stream has started");

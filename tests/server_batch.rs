@@ -92,7 +92,7 @@ fn concurrent_requests_share_passes_and_match_alone() {
     // A client that leaves mid-stream: it holds a batch place until it is gone.
     let leaver = json!({"messages": [{"role": "user", "content": "go"}], "stream": true, "max_tokens": 100_000}).to_string();
     let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{leaver}", leaver.len()).unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{leaver}", leaver.len()).unwrap();
     let mut buf = [0u8; 256];
     assert!(s.read(&mut buf).unwrap() > 0, "the stream has started");
     let together: Vec<(String, String)> = std::thread::scope(|sc| {

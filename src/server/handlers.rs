@@ -22,12 +22,46 @@ use crate::tokenizer::Tokenizer;
 
 /// `/v1/models`.
 pub(super) async fn models(State(st): State<Arc<AppState>>) -> Response {
-    Json(json!({"object": "list", "data": [{"id": st.model_id(), "object": "model", "created": 0, "owned_by": "deltafin"}]})).into_response()
+    Json(json!({"object": "list", "data": [model_card(&st)]})).into_response()
 }
 
-/// A request naming another model gets 404.
+fn model_card(st: &AppState) -> Value {
+    json!({"id": st.model_id(), "object": "model", "created": 0, "owned_by": "deltafin"})
+}
+
+/// `GET /v1/models/{id}` (the official client's `models.retrieve`): the model, or 404.
+pub(super) async fn model(
+    State(st): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == st.model_id() {
+        return Json(model_card(&st)).into_response();
+    }
+    super::error(ApiError {
+        status: 404,
+        message: format!(
+            "model `{id}` does not exist (this server serves `{}`)",
+            st.model_id()
+        ),
+        param: Some("model".into()),
+        kind: "invalid_request_error",
+    })
+}
+
+/// A request naming another model gets 404; a `model` that is not a string, 400.
 fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    match v.get("model") {
+        Some(m) if !m.is_string() && !m.is_null() => {
+            return Err(ApiError {
+                status: 400,
+                message: format!("`model` must be a string, not {m}"),
+                param: Some("model".into()),
+                kind: "invalid_request_error",
+            })
+        }
+        _ => {}
+    }
     match v.get("model").and_then(|m| m.as_str()) {
         Some(m) if m != st.model_id() => Err(ApiError {
             status: 404,

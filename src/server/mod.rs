@@ -4,14 +4,17 @@
 //! next ones (429 with `Retry-After` only when both are full). A place is reserved before the
 //! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
-//! token. Files: `handlers` (the endpoints), `queue` (admission and the hand-off to the
+//! token. Files: `listen` (the accept loop: timeouts, the connection cap, the drain on
+//! shutdown), `guard` (Host, Content-Type, CORS, the body timeout), `handlers` (the endpoints), `queue` (admission and the hand-off to the
 //! scheduler), `sse` (streamed and collected responses), `stop` (stop sequences on the text),
 //! `ops` (API key, `/health`, `/metrics`, the loading router), `tools` (tool calls on the
 //! wire), `validate` and `messages` (request bodies), `prompt` (a request to the rendered
 //! prompt, shared with `deltafin render`).
 //! This file holds the settings, the shared state and the router.
 
+mod guard;
 mod handlers;
+mod listen;
 pub mod logprobs;
 mod messages;
 mod ops;
@@ -22,6 +25,8 @@ pub mod stop;
 pub mod tools;
 pub mod validate;
 
+pub use guard::host_allowed;
+pub use listen::serve_until;
 pub use ops::loading_router;
 
 use std::sync::atomic::AtomicUsize;
@@ -69,6 +74,19 @@ pub struct ServerConfig {
     pub scripted_reply: Option<String>,
     /// Today's date (YYYY-MM-DD) for chat formats that render one (harmony); the binary's clock.
     pub date: Option<String>,
+    /// Time a client has to send a request's headers; also how long a keep-alive connection
+    /// may wait without sending its next request.
+    pub header_timeout: std::time::Duration,
+    /// Time a client has to send a request's whole body (408 after it).
+    pub body_timeout: std::time::Duration,
+    /// Connections served at once (beyond: 503 and close).
+    pub max_connections: usize,
+    /// On shutdown, how long requests in flight may take to finish.
+    pub shutdown_grace: std::time::Duration,
+    /// Host names a request may name besides IP literals and `localhost` (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// Origins that may call the server from a web page (CORS; `*` for any). Empty: none.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +106,12 @@ impl Default for ServerConfig {
             api_key: None,
             scripted_reply: None,
             date: None,
+            header_timeout: std::time::Duration::from_secs(30),
+            body_timeout: std::time::Duration::from_secs(60),
+            max_connections: 4096,
+            shutdown_grace: std::time::Duration::from_secs(30),
+            allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -180,6 +204,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.cfg.body_limit;
     let v1 = Router::new()
         .route("/v1/models", get(handlers::models))
+        .route("/v1/models/{id}", get(handlers::model))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -201,14 +226,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            guard::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             ops::count,
         ))
         .with_state(state)
 }
 
-/// Serves on `listener` until the process stops.
+/// Serves on `listener` until the process stops (`serve_until` drains on a signal).
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).await
+    serve_until(listener, state, std::future::pending::<()>).await
 }
 
 /// An error response (429 with `Retry-After`).

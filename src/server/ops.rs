@@ -30,6 +30,8 @@ pub struct Metrics {
     pub(super) tokens_out: AtomicU64,
     /// Prompt tokens served from the prompt cache.
     pub(super) tokens_cached: AtomicU64,
+    /// Connections refused at the connection cap.
+    pub(super) refused_connections: AtomicU64,
 }
 
 /// Whether `got` equals the key, in time independent of where they differ (both are hashed
@@ -52,8 +54,10 @@ pub(super) async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Ne
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
+            // The scheme is case-insensitive (RFC 9110 §11.1).
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map_or("", |(_, token)| token);
         if !key_matches(got.trim(), key) {
             let mut r = error(ApiError {
                 status: 401,
@@ -163,6 +167,13 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "Completion tokens of finished requests.",
         "counter",
         get(&m.tokens_out),
+    );
+    line(
+        &mut out,
+        "deltafin_refused_connections_total",
+        "Connections refused at the connection cap (--max-connections).",
+        "counter",
+        get(&m.refused_connections),
     );
     let b = st.scheduler.stats();
     line(

@@ -49,6 +49,29 @@ pub struct ServeArgs {
     /// Bearer token every /v1 route requires (401 otherwise); /health and /metrics stay open.
     #[arg(long, env = "DELTAFIN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Seconds a client has to send a request's headers; also how long an idle keep-alive
+    /// connection is kept waiting for its next request.
+    #[arg(long, default_value_t = 30)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's whole body (408 after it).
+    #[arg(long, default_value_t = 60)]
+    pub body_timeout: u64,
+    /// Connections served at once (beyond: 503 and close); at most the open-file limit less a
+    /// margin for the model's own files.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// On SIGTERM or SIGINT, seconds the requests in flight may take to finish (new
+    /// connections are refused meanwhile; a second signal stops at once).
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace: u64,
+    /// A host name requests may use besides IP addresses and localhost (repeatable): requests
+    /// naming any other `Host` get 403 (the defence against DNS rebinding).
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// An origin web pages may call the server from (repeatable; `*` for any): CORS preflight
+    /// answered and the header on replies. None by default.
+    #[arg(long = "cors-origin")]
+    pub cors_origins: Vec<String>,
     /// Testing only: every reply is this file's text (special tokens allowed), whatever the
     /// model computes (scripts/openai_client_check.sh uses it for tool calls).
     #[arg(long, hide = true)]
@@ -109,11 +132,74 @@ pub fn serve(a: &ServeArgs) -> anyhow::Result<()> {
             }
         );
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        tokio::select! {
-            r = deltafin::server::serve(listener, state) => r.map_err(anyhow::Error::from),
-            _ = tokio::signal::ctrl_c() => { eprintln!("stopping"); Ok(()) }
-        }
+        let signals = signal_count()?;
+        let mut asked = 0;
+        deltafin::server::serve_until(listener, state, move || {
+            asked += 1;
+            let (mut rx, want) = (signals.clone(), asked);
+            async move {
+                let _ = rx.wait_for(|n| *n >= want).await;
+            }
+        })
+        .await?;
+        eprintln!("stopped");
+        Ok(())
     })
+}
+
+/// Counts SIGTERM (service managers, containers) and SIGINT (Ctrl-C) as they come.
+fn signal_count() -> std::io::Result<tokio::sync::watch::Receiver<u32>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = (
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::interrupt())?,
+    );
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tx.send_modify(|n| *n += 1);
+            eprintln!(
+                "stopping: no new connections; requests in flight finish (a second signal stops at once)"
+            );
+        }
+    });
+    Ok(rx)
+}
+
+/// The open-file limit raised to its hard limit (each connection holds a descriptor), and
+/// the connection cap kept below it with room for the model's files.
+fn connection_cap(wanted: usize) -> usize {
+    // SAFETY: getrlimit/setrlimit on a valid struct, this process only.
+    let soft = unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return wanted.min(768);
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r.rlim_cur = r.rlim_max;
+            }
+        }
+        r.rlim_cur as usize
+    };
+    let cap = soft.saturating_sub(256).max(16);
+    if wanted > cap {
+        eprintln!(
+            "--max-connections {wanted} is over what the open-file limit ({soft}) allows: {cap}"
+        );
+    }
+    wanted.min(cap)
 }
 
 /// Loads the engine and builds the server's state (on a blocking thread).
@@ -148,6 +234,12 @@ fn serve_state(
         default_effort: std::env::var("K3_REASONING_EFFORT").ok(),
         prompt_cache: !a.cache.no_prompt_cache,
         api_key: a.api_key.clone(),
+        header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
+        body_timeout: std::time::Duration::from_secs(a.body_timeout.max(1)),
+        max_connections: connection_cap(a.max_connections.max(1)),
+        shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
+        allowed_hosts: a.allowed_hosts.clone(),
+        cors_origins: a.cors_origins.clone(),
         // Harmony (gpt-oss) renders the date: the day the server started.
         date: Some(super::reply::today()),
         ..Default::default()
