@@ -175,9 +175,10 @@ fn busy_queue_and_disconnect() {
     let addr = start(ServerConfig {
         queue: 0,
         max_tokens: 1_000_000,
+        wait_line: 0,
         ..Default::default()
     });
-    // A long streaming request holds the only slot.
+    // A long streaming request holds the only slot (and no request may wait for it).
     let long = json!({"messages": [{"role": "user", "content": "go"}], "stream": true, "max_tokens": 1_000_000}).to_string();
     let mut s = TcpStream::connect(addr).unwrap();
     write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();

@@ -50,6 +50,7 @@ fn refuse(status: u16, message: String) -> Response {
         message,
         param: None,
         kind: "invalid_request_error",
+        retry_secs: None,
     })
 }
 

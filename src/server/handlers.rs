@@ -45,6 +45,7 @@ pub(super) async fn model(
         ),
         param: Some("model".into()),
         kind: "invalid_request_error",
+        retry_secs: None,
     })
 }
 
@@ -58,6 +59,7 @@ fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
                 message: format!("`model` must be a string, not {m}"),
                 param: Some("model".into()),
                 kind: "invalid_request_error",
+                retry_secs: None,
             })
         }
         _ => {}
@@ -71,6 +73,7 @@ fn check_model(body: &[u8], st: &AppState) -> Result<(), ApiError> {
             ),
             param: Some("model".into()),
             kind: "invalid_request_error",
+            retry_secs: None,
         }),
         _ => Ok(()),
     }
@@ -111,6 +114,7 @@ async fn parse<T: Send + 'static>(
         message: format!("request validation failed: {e}"),
         param: None,
         kind: "server_error",
+        retry_secs: None,
     })?
 }
 
@@ -129,7 +133,7 @@ async fn launch(
 ) -> Result<Launched, ApiError> {
     // The request's max_tokens (else the endpoint's default), never above the server ceiling.
     let max_new = s.max_tokens.unwrap_or(default_max).min(st.cfg.max_tokens);
-    let place = reserve(st)?;
+    let place = reserve(st).await?;
     let engine = st.engine.clone();
     // The place is held by the tokenizing thread itself: a client that leaves cannot free it
     // while its prompt is still being tokenized.
@@ -141,6 +145,7 @@ async fn launch(
                 message: format!("tokenizing failed: {e}"),
                 param: None,
                 kind: "server_error",
+                retry_secs: None,
             })?;
     let limit = st.engine.model().context_limit();
     if ids.len() >= limit {
@@ -205,6 +210,7 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             message: e.to_string(),
             param: None,
             kind: "server_error",
+            retry_secs: None,
         });
     }
     let (segs, seg_marks) = match format.render(&req.messages, &opts) {

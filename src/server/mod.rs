@@ -87,6 +87,10 @@ pub struct ServerConfig {
     pub allowed_hosts: Vec<String>,
     /// Origins that may call the server from a web page (CORS; `*` for any). Empty: none.
     pub cors_origins: Vec<String>,
+    /// How long a request may wait, in arrival order, for a batch or queue place (429 after).
+    pub admission_wait: std::time::Duration,
+    /// Requests that may wait for a place (429 beyond).
+    pub wait_line: usize,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +116,8 @@ impl Default for ServerConfig {
             shutdown_grace: std::time::Duration::from_secs(30),
             allowed_hosts: Vec::new(),
             cors_origins: Vec::new(),
+            admission_wait: std::time::Duration::from_secs(60),
+            wait_line: 256,
         }
     }
 }
@@ -124,8 +130,10 @@ pub struct AppState {
     scheduler: Scheduler,
     /// Requests decoding at once.
     max_batch: usize,
-    /// Requests holding a batch or queue place (`queue::Place`).
-    places: AtomicUsize,
+    /// Batch and queue places (`queue::Place`); tokio's semaphore serves waiters in order.
+    places: Arc<tokio::sync::Semaphore>,
+    /// Requests waiting for a place.
+    waiting: AtomicUsize,
     next_id: AtomicUsize,
     /// The second the server started (in tool call ids).
     started: u64,
@@ -168,12 +176,14 @@ impl AppState {
             "serving up to {max_batch} requests in shared passes, {} more queued",
             cfg.queue
         );
+        let places = Arc::new(tokio::sync::Semaphore::new(max_batch + cfg.queue));
         Arc::new(AppState {
             scheduler: Scheduler::new(engine.clone(), opts),
             engine,
             cfg,
             max_batch,
-            places: AtomicUsize::new(0),
+            places,
+            waiting: AtomicUsize::new(0),
             next_id: AtomicUsize::new(1),
             started: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -221,6 +231,7 @@ pub fn router(state: Arc<AppState>) -> Router {
                 message: "unknown route".into(),
                 param: None,
                 kind: "not_found_error",
+                retry_secs: None,
             })
         })
         .layer(DefaultBodyLimit::max(limit))
@@ -248,8 +259,10 @@ fn error(e: ApiError) -> Response {
     )
         .into_response();
     if e.status == 429 {
-        r.headers_mut()
-            .insert("retry-after", HeaderValue::from_static("1"));
+        let secs = e.retry_secs.unwrap_or(1).to_string();
+        if let Ok(v) = HeaderValue::from_str(&secs) {
+            r.headers_mut().insert("retry-after", v);
+        }
     }
     r
 }

@@ -32,6 +32,44 @@ pub struct Metrics {
     pub(super) tokens_cached: AtomicU64,
     /// Connections refused at the connection cap.
     pub(super) refused_connections: AtomicU64,
+    /// How long requests hold a place, milliseconds (a decaying average).
+    pub(super) hold_ms: AtomicU64,
+    /// Requests admitted by how long they waited for a place (`WAIT_BUCKETS`, then +Inf).
+    waits: [AtomicU64; WAIT_BUCKETS.len() + 1],
+    /// Microseconds waited for a place, all admitted requests together.
+    wait_us: AtomicU64,
+}
+
+/// Upper bounds (seconds) of the admission-wait histogram's buckets.
+const WAIT_BUCKETS: [f64; 9] = [0.005, 0.05, 0.25, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+impl Metrics {
+    /// A request got a place after waiting `secs`.
+    pub(super) fn admitted(&self, secs: f64) {
+        let b = WAIT_BUCKETS
+            .iter()
+            .position(|&u| secs <= u)
+            .unwrap_or(WAIT_BUCKETS.len());
+        self.waits[b].fetch_add(1, Ordering::Relaxed);
+        self.wait_us
+            .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// The admission-wait histogram in Prometheus text format.
+    fn wait_histogram(&self, out: &mut String) {
+        let name = "deltafin_admission_wait_seconds";
+        let _ = writeln!(out, "# HELP {name} How long requests waited for a batch or queue place.\n# TYPE {name} histogram");
+        let mut total = 0;
+        for (i, c) in self.waits.iter().enumerate() {
+            total += c.load(Ordering::Relaxed);
+            let le = WAIT_BUCKETS
+                .get(i)
+                .map_or("+Inf".to_string(), |u| u.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {total}");
+        }
+        let sum = self.wait_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {total}");
+    }
 }
 
 /// Whether `got` equals the key, in time independent of where they differ (both are hashed
@@ -64,6 +102,7 @@ pub(super) async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Ne
                 message: "missing or wrong API key: send `Authorization: Bearer <key>`".into(),
                 param: None,
                 kind: "invalid_request_error",
+                retry_secs: None,
             });
             r.headers_mut()
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
@@ -106,6 +145,7 @@ pub fn loading_router() -> Router {
             message: "the model is still loading; retry later".into(),
             param: None,
             kind: "server_error",
+            retry_secs: None,
         });
         r.headers_mut()
             .insert("retry-after", HeaderValue::from_static("5"));
@@ -174,6 +214,14 @@ pub(super) async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "Connections refused at the connection cap (--max-connections).",
         "counter",
         get(&m.refused_connections),
+    );
+    m.wait_histogram(&mut out);
+    line(
+        &mut out,
+        "deltafin_waiting_requests",
+        "Requests waiting for a batch or queue place.",
+        "gauge",
+        st.waiting.load(Ordering::SeqCst) as f64,
     );
     let b = st.scheduler.stats();
     line(

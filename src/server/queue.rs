@@ -1,5 +1,6 @@
 //! Admission and the hand-off to the batch scheduler: a place is reserved before the prompt is
-//! tokenized (429 when every batch and queue place is taken), the request is submitted to the
+//! tokenized (in arrival order through a fair semaphore, waiting up to the admission wait;
+//! 429 with a `Retry-After` from the measured hold time when the waiting line is full), the request is submitted to the
 //! engine's `Scheduler`, and its tokens come back as text deltas. A client that goes away
 //! (its response dropped) cancels the request, which leaves the batch at the next pass.
 
@@ -23,32 +24,77 @@ use crate::GenerateOptions;
 type Logprobs = Arc<std::sync::Mutex<std::collections::VecDeque<TokenLogprob>>>;
 
 /// A reserved place (in the batch or its queue), given back when dropped.
-pub(super) struct Place(Arc<AppState>);
+pub(super) struct Place {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    st: Arc<AppState>,
+    since: std::time::Instant,
+}
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.0.places.fetch_sub(1, Ordering::SeqCst);
+        // How long requests hold a place (a decaying average), for `Retry-After`.
+        let ms = self.since.elapsed().as_millis() as u64;
+        let held = &self.st.metrics.hold_ms;
+        let old = held.load(Ordering::Relaxed);
+        held.store(
+            if old == 0 { ms } else { (old * 7 + ms) / 8 },
+            Ordering::Relaxed,
+        );
     }
 }
 
-fn busy() -> ApiError {
+/// 429 with the seconds a retry should wait: the requests ahead of it times the average time
+/// one holds a place, over the places.
+fn busy(st: &AppState, why: &str) -> ApiError {
+    let ahead = st.waiting.load(Ordering::SeqCst) + st.max_batch + st.cfg.queue;
+    let hold = st.metrics.hold_ms.load(Ordering::Relaxed).max(1000);
+    let cap = (st.max_batch + st.cfg.queue) as u64;
+    let secs = (ahead as u64 * hold)
+        .div_ceil(cap.max(1) * 1000)
+        .clamp(1, 600);
     ApiError {
         status: 429,
-        message: "the server is busy: every batch place and queue place is taken; retry later"
-            .into(),
+        message: format!("the server is busy: {why}; retry in about {secs} s"),
         param: None,
         kind: "rate_limit_error",
+        retry_secs: None,
     }
+    .retry_after(secs)
 }
 
-/// Takes a place at once; 429 when `max_batch + queue` requests already hold one.
-pub(super) fn reserve(st: &Arc<AppState>) -> Result<Place, ApiError> {
-    let cap = st.max_batch + st.cfg.queue;
-    if st.places.fetch_add(1, Ordering::SeqCst) >= cap {
-        st.places.fetch_sub(1, Ordering::SeqCst);
-        return Err(busy());
+/// Takes a place: at once when one is free, else in arrival order (a request never loses its
+/// turn to a later one) for up to the admission wait; 429 when the waiting line is full or the
+/// wait ran out.
+pub(super) async fn reserve(st: &Arc<AppState>) -> Result<Place, ApiError> {
+    let place = |permit| Place {
+        _permit: permit,
+        st: st.clone(),
+        since: std::time::Instant::now(),
+    };
+    if let Ok(p) = st.places.clone().try_acquire_owned() {
+        st.metrics.admitted(0.0);
+        return Ok(place(p));
     }
-    Ok(Place(st.clone()))
+    if st.waiting.fetch_add(1, Ordering::SeqCst) >= st.cfg.wait_line {
+        st.waiting.fetch_sub(1, Ordering::SeqCst);
+        return Err(busy(st, "every batch, queue and waiting place is taken"));
+    }
+    let t = std::time::Instant::now();
+    let got = tokio::time::timeout(st.cfg.admission_wait, st.places.clone().acquire_owned()).await;
+    st.waiting.fetch_sub(1, Ordering::SeqCst);
+    match got {
+        Ok(Ok(p)) => {
+            st.metrics.admitted(t.elapsed().as_secs_f64());
+            Ok(place(p))
+        }
+        _ => Err(busy(
+            st,
+            &format!(
+                "no place came free within {} s",
+                st.cfg.admission_wait.as_secs()
+            ),
+        )),
+    }
 }
 
 /// How a chat reply is read and kept: thinking on or off, its tools section returned as

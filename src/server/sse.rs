@@ -146,6 +146,7 @@ pub(super) async fn collect(mut rx: mpsc::UnboundedReceiver<Ev>) -> Result<Colle
                     message: m,
                     param: None,
                     kind: "server_error",
+                    retry_secs: None,
                 })
             }
         }
@@ -155,5 +156,6 @@ pub(super) async fn collect(mut rx: mpsc::UnboundedReceiver<Ev>) -> Result<Colle
         message: "generation ended unexpectedly".into(),
         param: None,
         kind: "server_error",
+        retry_secs: None,
     })
 }

@@ -16,9 +16,17 @@ pub struct ApiError {
     pub param: Option<String>,
     /// Error type.
     pub kind: &'static str,
+    /// Seconds a 429's `Retry-After` says (1 when `None`).
+    pub retry_secs: Option<u64>,
 }
 
 impl ApiError {
+    /// This error with `Retry-After: secs`.
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_secs = Some(secs);
+        self
+    }
+
     /// A 400 about `param`.
     pub fn bad(param: &str, message: impl Into<String>) -> Self {
         ApiError {
@@ -26,6 +34,7 @@ impl ApiError {
             message: message.into(),
             param: Some(param.into()),
             kind: "invalid_request_error",
+            retry_secs: None,
         }
     }
 

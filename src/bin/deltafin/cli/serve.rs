@@ -36,9 +36,16 @@ pub struct ServeArgs {
     /// 0: the memory plan's choice (up to 8 whose states fit a quarter of the budget).
     #[arg(long, default_value_t = 0)]
     pub max_batch: usize,
-    /// Requests that may wait while the batch is full (beyond that: 429 with Retry-After).
+    /// Requests queued in the scheduler while the batch is full.
     #[arg(long, default_value_t = 16)]
     pub queue: usize,
+    /// Requests that may wait, in arrival order, for a batch or queue place (beyond: 429
+    /// with a Retry-After from the measured time a request takes).
+    #[arg(long, default_value_t = 256)]
+    pub wait_line: usize,
+    /// Seconds a request may wait for a place before it gets 429.
+    #[arg(long, default_value_t = 60)]
+    pub admission_wait: u64,
     /// Most prompt tokens one shared pass feeds beside the others' decode rows (a new
     /// request's prefill is interleaved with the running decodes in pieces this long).
     #[arg(long, default_value_t = 256)]
@@ -240,6 +247,8 @@ fn serve_state(
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
         allowed_hosts: a.allowed_hosts.clone(),
         cors_origins: a.cors_origins.clone(),
+        wait_line: a.wait_line,
+        admission_wait: std::time::Duration::from_secs(a.admission_wait),
         // Harmony (gpt-oss) renders the date: the day the server started.
         date: Some(super::reply::today()),
         ..Default::default()
