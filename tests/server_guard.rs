@@ -78,9 +78,22 @@ fn a_connection_storm_over_the_cap_gets_503_and_the_server_keeps_serving() {
         ..Default::default()
     });
     // 2,000 idle connections: the first 200 are held, the rest refused with 503 and closed.
-    let held: Vec<TcpStream> = (0..200)
+    let mut held: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(addr).unwrap())
         .collect();
+    // A burst can overflow the listen backlog (its SYNs are retried a second later): wait
+    // until the server holds 200, i.e. a probe is refused.
+    loop {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        if String::from_utf8_lossy(&out).contains(" 503 ") {
+            break;
+        }
+        held.push(s);
+        assert!(held.len() < 260, "the cap never took effect");
+    }
     let mut busy = 0;
     for _ in 0..1800 {
         let mut s = TcpStream::connect(addr).unwrap();
@@ -333,4 +346,67 @@ fn a_full_waiting_line_gets_429_with_retry_after() {
         "{}",
         a.1
     );
+}
+
+/// Inputs that deserve a 400 naming the field, not a silent repair.
+#[test]
+fn bad_inputs_get_400_naming_the_field() {
+    let addr = start(ServerConfig {
+        max_tokens: 4,
+        ..Default::default()
+    });
+    let user = r#"{"role":"user","content":"hi"}"#;
+    let cases = [
+        (
+            r#"{"messages":[{"role":"user","content":null}]}"#.to_string(),
+            "messages[0].content",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}]}"#.to_string(),
+            "messages[0].content",
+        ),
+        (
+            format!(r#"{{"messages":[{user}],"max_tokens":1000000000000}}"#),
+            "max_tokens",
+        ),
+        (
+            format!(r#"{{"messages":[{user}],"max_tokens":1e30}}"#),
+            "max_tokens",
+        ),
+        (
+            format!(r#"{{"messages":[{user}],"max_completion_tokens":-1}}"#),
+            "max_completion_tokens",
+        ),
+        (
+            format!(r#"{{"messages":[{user}],"max_completion_tokens":1000000000000}}"#),
+            "max_completion_tokens",
+        ),
+        (
+            format!(r#"{{"messages":[{user}],"max_tokens":3,"max_completion_tokens":2.5}}"#),
+            "max_completion_tokens",
+        ),
+        (
+            format!(
+                r#"{{"messages":[{user}],"stop":"{}"}}"#,
+                "x".repeat(1 << 20)
+            ),
+            "stop",
+        ),
+        (format!(r#"{{"model":42,"messages":[{user}]}}"#), "model"),
+    ];
+    for (body, param) in &cases {
+        let (st, _, b) = http(addr, "POST", "/v1/chat/completions", body);
+        assert_eq!(st, 400, "{}: {b}", &body[..body.len().min(120)]);
+        assert!(
+            b.contains(&format!("\"param\":\"{param}\"")),
+            "{param}: {b}"
+        );
+    }
+    // What is fine stays fine: an assistant turn with content "" and both limits within the context.
+    let ok = format!(
+        r#"{{"messages":[{user},{{"role":"assistant","content":""}},{user}],"max_tokens":3,"max_completion_tokens":2}}"#
+    );
+    let (st, _, b) = http(addr, "POST", "/v1/chat/completions", &ok);
+    assert_eq!(st, 200, "{b}");
+    assert!(b.contains("\"completion_tokens\":2"), "{b}");
 }

@@ -157,6 +157,21 @@ async fn launch(
             ),
         ));
     }
+    // A reply that cannot fit is refused, as OpenAI and llama.cpp do, not cut short.
+    if let Some(n) = s
+        .max_tokens
+        .filter(|&n| ids.len().saturating_add(n) > limit)
+    {
+        let k = s.max_tokens_param;
+        return Err(ApiError::bad(
+            k,
+            format!(
+                "`{k}` {n} and the prompt's {} tokens exceed this server's context limit of \
+                 {limit} tokens",
+                ids.len()
+            ),
+        ));
+    }
     let (stream, include_usage) = (s.stream, s.include_usage);
     Ok(Launched {
         rx: start(st.clone(), place, (ids, marks), max_new, s, chat),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{router, AppState};
 
@@ -81,6 +81,13 @@ where
                 let mut sock = sock;
                 let _ = tokio::time::timeout(Duration::from_secs(2), sock.write_all(BUSY)).await;
                 let _ = sock.shutdown().await;
+                // A lingering close: read what the client is still sending (its request) for
+                // a moment, so closing does not reset the connection before it reads the 503.
+                let mut sink = [0u8; 4096];
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    while matches!(sock.read(&mut sink).await, Ok(n) if n > 0) {}
+                })
+                .await;
             });
             continue;
         }

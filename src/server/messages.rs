@@ -85,6 +85,15 @@ pub(super) fn messages(m: &Map<String, Value>) -> Result<Vec<Message>, ApiError>
         // OpenAI's newer name for the system message; K3 has only `system`, and harmony reads
         // a leading system or developer message alike (its developer instructions).
         let role = if role == "developer" { "system" } else { role };
+        // Only an assistant message that carries tool calls may go without content (OpenAI
+        // refuses the rest with 400 too).
+        let has_calls = o.get("tool_calls").is_some_and(|c| !c.is_null());
+        if o.get("content").is_none_or(Value::is_null) && !(role == "assistant" && has_calls) {
+            return Err(ApiError::bad(
+                &format!("{f}.content"),
+                format!("a {role} message needs `content` (a string or a list of text parts)"),
+            ));
+        }
         let mut msg = Message::new(
             role,
             &text_content(

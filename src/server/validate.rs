@@ -53,6 +53,8 @@ pub struct Sampling {
     pub include_usage: bool,
     /// Requested token limit.
     pub max_tokens: Option<usize>,
+    /// The field that gave it (`max_tokens` or `max_completion_tokens`), for errors.
+    pub max_tokens_param: &'static str,
     /// Temperature (None or 0: greedy).
     pub temperature: f64,
     /// Nucleus mass.
@@ -186,16 +188,25 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
             ))
         }
     };
-    let max_tokens = match num("max_tokens")?.or(num("max_completion_tokens")?) {
-        Some(v) if v >= 0.0 && v.fract() == 0.0 => Some(v as usize),
-        Some(_) => {
-            return Err(ApiError::bad(
-                "max_tokens",
-                "`max_tokens` must be a non-negative integer",
-            ))
+    // Each spelling checked under its own name; with both, the smaller one holds.
+    let mut max_tokens: Option<usize> = None;
+    let mut max_tokens_param = "max_tokens";
+    for k in ["max_tokens", "max_completion_tokens"] {
+        let n = match num(k)? {
+            // Beyond 2^53 an f64 no longer holds every integer: no context is that long.
+            Some(v) if v >= 0.0 && v.fract() == 0.0 && v < 9.007_199_254_740_992e15 => v as usize,
+            Some(_) => {
+                return Err(ApiError::bad(
+                    k,
+                    format!("`{k}` must be a non-negative integer below 2^53"),
+                ))
+            }
+            None => continue,
+        };
+        if max_tokens.is_none_or(|m| n < m) {
+            (max_tokens, max_tokens_param) = (Some(n), k);
         }
-        None => None,
-    };
+    }
     let temperature = num("temperature")?.unwrap_or(0.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::bad(
@@ -221,6 +232,7 @@ fn sampling(m: &Map<String, Value>) -> Result<Sampling, ApiError> {
         stream,
         include_usage,
         max_tokens,
+        max_tokens_param,
         temperature,
         top_p,
         seed,
@@ -261,7 +273,10 @@ fn chat_logprobs(m: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
     }
 }
 
-/// `stop`: a string or a list of up to 4 non-empty strings.
+/// Longest stop sequence (each is matched against the text at every token).
+const MAX_STOP_BYTES: usize = 1024;
+
+/// `stop`: a string or a list of up to 4 non-empty strings of at most `MAX_STOP_BYTES`.
 fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     let bad = |m: &str| ApiError::bad("stop", m);
     let list = match v {
@@ -279,6 +294,12 @@ fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     }
     if list.iter().any(|s| s.is_empty()) {
         return Err(bad("a stop sequence must not be empty"));
+    }
+    if let Some(s) = list.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(bad(&format!(
+            "a stop sequence is {} bytes; at most {MAX_STOP_BYTES}",
+            s.len()
+        )));
     }
     Ok(list)
 }
@@ -321,10 +342,8 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     };
     let mut sampling = sampling(&m)?;
     if sampling.max_tokens == Some(0) {
-        return Err(ApiError::bad(
-            "max_tokens",
-            "`max_tokens` must be at least 1",
-        ));
+        let k = sampling.max_tokens_param;
+        return Err(ApiError::bad(k, format!("`{k}` must be at least 1")));
     }
     sampling.logprobs = chat_logprobs(&m)?;
     Ok(ChatRequest {
