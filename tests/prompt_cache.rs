@@ -288,6 +288,46 @@ fn entry_files(dir: &Path) -> Vec<std::path::PathBuf> {
     v
 }
 
+/// When the longest matching entry turns out damaged at lookup, it is removed and the next
+/// intact, shorter one serves (not nothing).
+#[test]
+fn a_damaged_longest_entry_falls_back_to_the_next_intact_one() {
+    let root = common::nano();
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(&root, Some(dir.path()), 0);
+    let p = ids(&e, 80, 6);
+    e.prefill(&p, &[5, 40], &no_cancel()).unwrap().unwrap();
+    let files = entry_files(dir.path());
+    assert_eq!(files.len(), 2, "one entry at the mark, one at the end");
+    let sizes: Vec<u64> = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .collect();
+    // The larger file holds the longer prefix: truncate it.
+    let longest = if sizes[0] > sizes[1] { 0 } else { 1 };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[longest])
+        .unwrap();
+    f.set_len(sizes[longest] - 100).unwrap();
+    let cache = PromptCache::new(
+        PromptCacheOptions {
+            dir: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        },
+        e.fingerprint().unwrap(),
+        e.model().new_state(),
+    )
+    .unwrap();
+    let mut longer = p.clone();
+    longer.push(3);
+    let r = cache.lookup(&longer).unwrap().expect("the intact shorter entry serves");
+    assert_eq!(r.start, 40);
+    let s = cache.stats();
+    assert_eq!(s.removed_corrupt, 1, "{s:?}");
+    assert_eq!(entry_files(dir.path()).len(), 1, "the damaged file is removed");
+}
+
 /// A truncated file and a flipped byte are misses and removed; a file of another checkpoint or
 /// shape is refused and left alone; nothing damaged is ever loaded.
 #[test]

@@ -229,15 +229,20 @@ impl PromptCache {
             .filter(|(_, e)| serves(&e.ids, e.logits.is_some(), ids))
             .max_by_key(|(_, e)| e.ids.len())
             .map(|(i, e)| (i, e.ids.len()));
-        let best_disk = g
-            .disk
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| serves(&e.ids, e.has_logits, ids))
-            .max_by_key(|(_, e)| e.ids.len())
-            .map(|(i, e)| (i, e.ids.len()));
-        let ram_len = best_ram.map_or(0, |b| b.1);
-        if let Some((i, n)) = best_disk.filter(|d| d.1 > ram_len) {
+        // The longest disk entry first; one found damaged is removed (and logged) and the next
+        // longest tried, so a request never loses an intact shorter entry to a damaged one.
+        loop {
+            let best_disk = g
+                .disk
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| serves(&e.ids, e.has_logits, ids))
+                .max_by_key(|(_, e)| e.ids.len())
+                .map(|(i, e)| (i, e.ids.len()));
+            let ram_len = best_ram.map_or(0, |b| b.1);
+            let Some((i, n)) = best_disk.filter(|d| d.1 > ram_len) else {
+                break;
+            };
             let path = g.disk[i].path.clone();
             match file::read(&path, &self.fingerprint, &self.template) {
                 Ok(l) if l.header.ids == g.disk[i].ids => {
