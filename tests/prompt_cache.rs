@@ -321,11 +321,18 @@ fn a_damaged_longest_entry_falls_back_to_the_next_intact_one() {
     .unwrap();
     let mut longer = p.clone();
     longer.push(3);
-    let r = cache.lookup(&longer).unwrap().expect("the intact shorter entry serves");
+    let r = cache
+        .lookup(&longer)
+        .unwrap()
+        .expect("the intact shorter entry serves");
     assert_eq!(r.start, 40);
     let s = cache.stats();
     assert_eq!(s.removed_corrupt, 1, "{s:?}");
-    assert_eq!(entry_files(dir.path()).len(), 1, "the damaged file is removed");
+    assert_eq!(
+        entry_files(dir.path()).len(),
+        1,
+        "the damaged file is removed"
+    );
 }
 
 /// A truncated file and a flipped byte are misses and removed; a file of another checkpoint or

@@ -410,3 +410,51 @@ fn bad_inputs_get_400_naming_the_field() {
     assert_eq!(st, 200, "{b}");
     assert!(b.contains("\"completion_tokens\":2"), "{b}");
 }
+
+/// Completions prompts as token ids (lm-eval and benchmark clients send them): one list, or a
+/// list holding one, gives what the same prompt as text gives; an id past the vocabulary and
+/// several prompts are 400s naming `prompt`.
+#[test]
+fn token_array_prompts() {
+    let addr = start(ServerConfig {
+        max_tokens: 6,
+        ..Default::default()
+    });
+    let text = r#"{"prompt":"The quick brown fox","max_tokens":5,"echo":true,"logprobs":0}"#;
+    let (st, _, b) = http(addr, "POST", "/v1/completions", text);
+    assert_eq!(st, 200, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let e = common::nano();
+    let tok = deltafin::tokenizer::Tokenizer::from_dir(&e).unwrap();
+    let ids = tok.encode_ordinary("The quick brown fox");
+    let want_text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    for body in [
+        format!(r#"{{"prompt":{ids:?},"max_tokens":5,"echo":true,"logprobs":0}}"#),
+        format!(r#"{{"prompt":[{ids:?}],"max_tokens":5,"echo":true,"logprobs":0}}"#),
+    ] {
+        let (st, _, b) = http(addr, "POST", "/v1/completions", &body);
+        assert_eq!(st, 200, "{b}");
+        let w: serde_json::Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(w["choices"][0]["text"], want_text.as_str(), "{body}");
+        assert_eq!(
+            w["choices"][0]["logprobs"]["token_logprobs"],
+            v["choices"][0]["logprobs"]["token_logprobs"],
+            "{body}"
+        );
+        assert_eq!(w["usage"]["prompt_tokens"], ids.len());
+    }
+    for (body, says) in [
+        (r#"{"prompt":[1,2,99999999],"max_tokens":2}"#, "99999999"),
+        (r#"{"prompt":[[1,2],[3,4]],"max_tokens":2}"#, "2 prompts"),
+        (r#"{"prompt":["a","b"],"max_tokens":2}"#, "2 prompts"),
+        (r#"{"prompt":[1,-2],"max_tokens":2}"#, "non-negative"),
+        (r#"{"prompt":[],"max_tokens":2}"#, "empty"),
+    ] {
+        let (st, _, b) = http(addr, "POST", "/v1/completions", body);
+        assert_eq!(st, 400, "{body}: {b}");
+        assert!(
+            b.contains("\"param\":\"prompt\"") && b.contains(says),
+            "{body}: {b}"
+        );
+    }
+}

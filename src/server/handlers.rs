@@ -341,9 +341,27 @@ pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) ->
         Ok(r) => r,
         Err(e) => return error(e),
     };
-    let prompt = req.prompt.clone();
-    let echo = req.sampling.echo.then(|| req.prompt.clone());
-    let tokenize = Box::new(move |t: &Tokenizer| (t.encode_ordinary(&prompt), Vec::new()));
+    let vocab = st.engine.model().vocab_size();
+    let tok = st.engine.tokenizer();
+    let (tokenize, echo): (Tokenize, _) = match req.prompt.clone() {
+        validate::CompletionPrompt::Text(p) => {
+            let echo = req.sampling.echo.then(|| p.clone());
+            (
+                Box::new(move |t: &Tokenizer| (t.encode_ordinary(&p), Vec::new())),
+                echo,
+            )
+        }
+        validate::CompletionPrompt::Ids(ids) => {
+            if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+                return error(ApiError::bad(
+                    "prompt",
+                    format!("prompt token id {bad} is outside the vocabulary ({vocab} ids)"),
+                ));
+            }
+            let echo = req.sampling.echo.then(|| tok.decode(&ids));
+            (Box::new(move |_: &Tokenizer| (ids, Vec::new())), echo)
+        }
+    };
     let want_lp = req.sampling.logprobs.is_some();
     let Launched {
         rx,

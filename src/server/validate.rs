@@ -89,8 +89,8 @@ pub struct ChatRequest {
 /// A validated completion request.
 #[derive(Debug, Clone)]
 pub struct CompletionRequest {
-    /// Prompt text.
-    pub prompt: String,
+    /// The prompt.
+    pub prompt: CompletionPrompt,
     /// Sampling and output settings.
     pub sampling: Sampling,
 }
@@ -418,18 +418,74 @@ fn response_format(v: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
     }
 }
 
+/// A completion's prompt: text, or token ids as benchmark and evaluation clients send them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompletionPrompt {
+    /// Text, tokenized without special tokens.
+    Text(String),
+    /// Token ids, fed as they are (checked against the vocabulary by the server).
+    Ids(Vec<u32>),
+}
+
+/// `prompt`: a string, a list of token ids, or a list holding one of either (OpenAI's batch
+/// form with one prompt); several prompts are refused (one prompt per request).
+fn completion_prompt(v: Option<&Value>) -> Result<CompletionPrompt, ApiError> {
+    let bad = |m: String| ApiError::bad("prompt", m);
+    let ids = |a: &[Value]| -> Option<Vec<u32>> {
+        a.iter()
+            .map(|x| {
+                x.as_u64()
+                    .filter(|&n| n <= u32::MAX as u64)
+                    .map(|n| n as u32)
+            })
+            .collect()
+    };
+    let p = match v {
+        None => return Err(bad("missing `prompt`".into())),
+        Some(Value::String(s)) => CompletionPrompt::Text(s.clone()),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => CompletionPrompt::Ids(
+            ids(a).ok_or_else(|| bad("token ids must be non-negative integers".into()))?,
+        ),
+        Some(Value::Array(a)) if a.len() > 1 => {
+            return Err(bad(format!(
+                "{} prompts in one request: this server takes one prompt per request (send \
+                 them as separate requests; they share passes)",
+                a.len()
+            )))
+        }
+        Some(Value::Array(a)) => match a.first() {
+            Some(Value::String(s)) => CompletionPrompt::Text(s.clone()),
+            Some(Value::Array(inner)) => CompletionPrompt::Ids(
+                ids(inner).ok_or_else(|| bad("token ids must be non-negative integers".into()))?,
+            ),
+            _ => {
+                return Err(bad(
+                    "`prompt` must be a string, a list of token ids, or a list of one of them"
+                        .into(),
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(bad(
+                "`prompt` must be a string, a list of token ids, or a list of one of them".into(),
+            ))
+        }
+    };
+    let empty = match &p {
+        CompletionPrompt::Text(s) => s.is_empty(),
+        CompletionPrompt::Ids(v) => v.is_empty(),
+    };
+    if empty {
+        return Err(bad("`prompt` must not be empty".into()));
+    }
+    Ok(p)
+}
+
 /// Validates a completion request body.
 pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     let m = object(body)?;
     check_fields(&m, &["prompt", "echo"])?;
-    let prompt = match m.get("prompt") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(Value::String(_)) => {
-            return Err(ApiError::bad("prompt", "`prompt` must not be empty"))
-        }
-        Some(_) => return Err(ApiError::bad("prompt", "`prompt` must be a string")),
-        None => return Err(ApiError::bad("prompt", "missing `prompt`")),
-    };
+    let prompt = completion_prompt(m.get("prompt"))?;
     let mut sampling = sampling(&m)?;
     sampling.logprobs = match m.get("logprobs") {
         Some(Value::Bool(_)) => {
