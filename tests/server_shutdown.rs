@@ -26,14 +26,16 @@ fn serve(extra: &[&str]) -> (Server, u16) {
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_deltafin"))
-        .args(["serve", "--port", &port.to_string(), "--model-root"])
-        .arg(common::nano())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let server = Server(
+        Command::new(env!("CARGO_BIN_EXE_deltafin"))
+            .args(["serve", "--port", &port.to_string(), "--model-root"])
+            .arg(common::nano())
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let t = Instant::now();
     loop {
         if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
@@ -42,7 +44,7 @@ fn serve(extra: &[&str]) -> (Server, u16) {
             let mut line = String::new();
             let _ = BufReader::new(&s).read_line(&mut line);
             if line.contains(" 200 ") {
-                return (Server(child), port);
+                return (server, port);
             }
         }
         assert!(
@@ -63,8 +65,9 @@ fn rss_mb(pid: u32) -> f64 {
         / 1024.0
 }
 
-/// Memory goes back to where it was after 2,000 idle connections close (the heap is trimmed
-/// after a storm; without it RSS stayed 20 MB up, and grew with each storm).
+/// Memory goes back near where it was after 2,000 idle connections close (the heap is trimmed
+/// after a storm; without it RSS stayed the storm's 20 MB up, and grew with each storm; with
+/// it, 0–5 MB stay, by how the freed buffers lie in the heap).
 #[test]
 fn memory_returns_to_its_baseline_after_a_connection_storm() {
     let (mut server, port) = serve(&[]);
@@ -90,7 +93,7 @@ fn memory_returns_to_its_baseline_after_a_connection_storm() {
         let after = loop {
             std::thread::sleep(Duration::from_millis(250));
             let r = rss_mb(child.id());
-            if r <= before + 4.0 || t.elapsed() > Duration::from_secs(10) {
+            if r <= before + 8.0 || t.elapsed() > Duration::from_secs(10) {
                 break r;
             }
         };
@@ -98,7 +101,7 @@ fn memory_returns_to_its_baseline_after_a_connection_storm() {
             "storm {round}: RSS {before:.1} MB before, {during:.1} MB with 2,000 idle connections, {after:.1} MB after"
         );
         assert!(
-            after <= before + 4.0,
+            after <= before + 8.0,
             "RSS {after:.1} MB after the storm, {before:.1} MB before"
         );
     }

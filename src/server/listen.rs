@@ -39,12 +39,20 @@ retry-after: 1\r\nconnection: close\r\ncontent-length: 108\r\n\r\n\
 /// connections are open than at the peak since the last trim (counted at each accept, looked
 /// at twice a second), the allocator is trimmed.
 async fn trim_after_storms(open: Arc<AtomicUsize>, peak: Arc<AtomicUsize>) {
+    // Ticks until a second trim, for what the closing connections' tasks free late.
+    let mut again = 0u32;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = open.load(Ordering::SeqCst);
         if peak.load(Ordering::SeqCst) >= now + 256 {
             peak.store(now, Ordering::SeqCst);
             trim();
+            again = 4;
+        } else if again > 0 {
+            again -= 1;
+            if again == 0 {
+                trim();
+            }
         }
     }
 }
