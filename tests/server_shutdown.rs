@@ -93,7 +93,7 @@ fn memory_returns_to_its_baseline_after_a_connection_storm() {
         let after = loop {
             std::thread::sleep(Duration::from_millis(250));
             let r = rss_mb(child.id());
-            if r <= before + 8.0 || t.elapsed() > Duration::from_secs(10) {
+            if r <= before + 10.0 || t.elapsed() > Duration::from_secs(10) {
                 break r;
             }
         };
@@ -101,7 +101,7 @@ fn memory_returns_to_its_baseline_after_a_connection_storm() {
             "storm {round}: RSS {before:.1} MB before, {during:.1} MB with 2,000 idle connections, {after:.1} MB after"
         );
         assert!(
-            after <= before + 8.0,
+            after <= before + 10.0,
             "RSS {after:.1} MB after the storm, {before:.1} MB before"
         );
     }
