@@ -132,8 +132,11 @@ fn the_context_read_in_pieces_gives_the_blocks_of_the_whole() {
     let w = 3 * H;
     let mut whole = ContextCache::starting_at(0);
     head.extend(&rows, &mut whole).unwrap();
-    let want = head.block(17, &whole).unwrap().logits;
+    let want = head.block(17, &mut whole).unwrap().logits;
     assert_eq!(want.len(), BLOCK * 60);
+    // A block leaves the context as it was (its own rows are cut off again).
+    assert_eq!(whole.end(), 30);
+    assert_eq!(head.block(17, &mut whole).unwrap().logits, want);
     // In pieces, with a stretch read, cut back (rejected drafts) and read again.
     let mut pieces = ContextCache::starting_at(0);
     head.extend(&rows[..11 * w], &mut pieces).unwrap();
@@ -142,12 +145,12 @@ fn the_context_read_in_pieces_gives_the_blocks_of_the_whole() {
     head.extend(&rows[11 * w..20 * w], &mut pieces).unwrap();
     head.extend(&rows[20 * w..], &mut pieces).unwrap();
     assert_eq!(pieces.end(), 30);
-    let got = head.block(17, &pieces).unwrap().logits;
+    let got = head.block(17, &mut pieces).unwrap().logits;
     assert!(rel(&got, &want) < 1e-5, "rel {}", rel(&got, &want));
     // The check can see the context: a block over one row fewer differs.
     let mut short = whole.clone();
     short.truncate_to(29);
-    let other = head.block(17, &short).unwrap().logits;
+    let other = head.block(17, &mut short).unwrap().logits;
     assert!(rel(&other, &want) > 1e-3, "rel {}", rel(&other, &want));
     // Both spellings open as DraftHead, by their config.
     assert_eq!(DraftHead::open(d.path()).unwrap().kind(), "DFlash");
@@ -212,7 +215,7 @@ fn dspark_chains_each_slot_on_the_draft_before_it() {
         let head = DFlashHead::open(&dir).unwrap();
         let mut cache = ContextCache::starting_at(0);
         head.extend(&taps(12, 5), &mut cache).unwrap();
-        let block = head.block(17, &cache).unwrap();
+        let block = head.block(17, &mut cache).unwrap();
         let (logits, drafts) = head.chain(&block, 17, None).unwrap();
         assert_eq!(drafts.len(), if from_anchor { BLOCK } else { BLOCK - 1 });
         let forced: Vec<u32> = std::iter::once(17).chain(drafts.iter().copied()).collect();
@@ -322,7 +325,7 @@ fn on_k3_nano_the_drafter_changes_no_token_and_reads_the_whole_context() {
         .collect();
     let mut cache = ContextCache::starting_at(0);
     head.extend(&taps, &mut cache).unwrap();
-    let logits = head.block(context[n], &cache).unwrap().logits;
+    let logits = head.block(context[n], &mut cache).unwrap().logits;
     let want: Vec<u32> = logits
         .chunks(v)
         .skip(1)

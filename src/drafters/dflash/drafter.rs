@@ -87,7 +87,7 @@ impl Drafter for DFlashDrafter {
         let anchor = context[valid];
         match self
             .head
-            .block(anchor, &self.cache)
+            .block(anchor, &mut self.cache)
             .and_then(|b| self.head.chain(&b, anchor, None))
         {
             Ok((_, mut drafts)) => {

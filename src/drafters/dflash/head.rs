@@ -232,8 +232,10 @@ impl DFlashHead {
     }
 
     /// The block at the position after `cache`'s last row: `anchor` there and mask tokens
-    /// after it, over every context row.
-    pub fn block(&self, anchor: u32, cache: &ContextCache) -> Result<Block> {
+    /// after it, over every context row. The block's own keys and values are appended to each
+    /// layer's rows for its attention and cut off again (the context is never copied), so
+    /// `cache` is as it was when this returns.
+    pub fn block(&self, anchor: u32, cache: &mut ContextCache) -> Result<Block> {
         let c = &self.cfg;
         let (b, h, hd) = (c.block_size, c.hidden, c.head_dim);
         let qd = c.heads * hd;
@@ -242,14 +244,16 @@ impl DFlashHead {
             .collect();
         let mut x = self.embed(&ids)?;
         let (pos, shape) = (cache.end(), self.attn_shape());
-        for (i, l) in self.layers.iter().enumerate() {
+        cache.rows.resize(self.layers.len(), Vec::new());
+        for (l, rows) in self.layers.iter().zip(&mut cache.rows) {
             let n = rms_norm(&x, &l.in_norm, c.eps);
             let mut q = rms_norm(&l.qkvo[0].apply(&self.map, &n, b)?, &l.q_norm, c.eps);
             for r in 0..b {
                 self.rope.apply(&mut q[r * qd..][..qd], pos + r, hd);
             }
-            let mut rows = cache.rows.get(i).cloned().unwrap_or_default();
-            rows.extend(self.keys_values(l, &n, b, pos)?);
+            let own = self.keys_values(l, &n, b, pos)?;
+            let held = rows.len();
+            rows.extend(own);
             // Every query sees every row: attend as the last position over all of them.
             let last = rows.len() / shape.row_width() - 1;
             let mut a = Vec::with_capacity(b * qd);
@@ -257,12 +261,13 @@ impl DFlashHead {
                 a.extend(attend(
                     &shape,
                     &q[r * qd..][..qd],
-                    &rows,
+                    rows,
                     last,
                     None,
                     (hd as f32).powf(-0.5),
                 ));
             }
+            rows.truncate(held);
             let o = l.qkvo[3].apply(&self.map, &a, b)?;
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             let m = rms_norm(&x, &l.post_norm, c.eps);

@@ -119,7 +119,7 @@ pub fn run_dflash(a: &DFlashArgs) -> anyhow::Result<()> {
         if at > cache.end() {
             head.extend(&taps[cache.end() * w..at * w], &mut cache)?;
         }
-        let block = head.block(ids[at], &cache)?;
+        let block = head.block(ids[at], &mut cache)?;
         // DSpark's bias follows the true tokens of the block where the input holds them.
         let forced = ids.get(at..at + head.config().block_size);
         let (l, _) = head.chain(&block, ids[at], forced)?;
