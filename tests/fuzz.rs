@@ -172,10 +172,10 @@ fn parsers_of_untrusted_bytes_never_panic_or_balloon() {
     });
     let completion =
         br#"{"model":"kimi-k3","prompt":"Once upon a time","max_tokens":8,"temperature":0}"#;
-    if let Err(e) = deltafin::server::validate::completion(completion) {
+    if let Err(e) = deltafin::server::completion_request::completion(completion) {
         panic!("{}", e.body());
     }
     fuzz("completion body", 10, completion, |b| {
-        deltafin::server::validate::completion(b).is_ok()
+        deltafin::server::completion_request::completion(b).is_ok()
     });
 }

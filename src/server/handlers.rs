@@ -12,6 +12,7 @@ use axum::Json;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::completion_request;
 use super::logprobs::{self, TokenLogprob};
 use super::queue::{reserve, start, ChatMode, Ev};
 use super::sse::{collect, sse, ChunkFn, LogprobFn};
@@ -337,21 +338,21 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
 
 /// `/v1/completions`.
 pub(super) async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
-    let req = match parse(&st, body, validate::completion).await {
+    let req = match parse(&st, body, completion_request::completion).await {
         Ok(r) => r,
         Err(e) => return error(e),
     };
     let vocab = st.engine.model().vocab_size();
     let tok = st.engine.tokenizer();
     let (tokenize, echo): (Tokenize, _) = match req.prompt.clone() {
-        validate::CompletionPrompt::Text(p) => {
+        completion_request::CompletionPrompt::Text(p) => {
             let echo = req.sampling.echo.then(|| p.clone());
             (
                 Box::new(move |t: &Tokenizer| (t.encode_ordinary(&p), Vec::new())),
                 echo,
             )
         }
-        validate::CompletionPrompt::Ids(ids) => {
+        completion_request::CompletionPrompt::Ids(ids) => {
             if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
                 return error(ApiError::bad(
                     "prompt",

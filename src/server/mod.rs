@@ -5,13 +5,15 @@
 //! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
 //! token. Files: `listen` (the accept loop: timeouts, the connection cap, the drain on
-//! shutdown), `guard` (Host, Content-Type, CORS, the body timeout), `handlers` (the endpoints), `queue` (admission and the hand-off to the
-//! scheduler), `sse` (streamed and collected responses), `stop` (stop sequences on the text),
-//! `ops` (API key, `/health`, `/metrics`, the loading router), `tools` (tool calls on the
-//! wire), `validate` and `messages` (request bodies), `prompt` (a request to the rendered
+//! shutdown), `guard` (Host, Content-Type, CORS, the body timeout), `handlers` (the
+//! endpoints), `queue` (admission and the hand-off to the scheduler), `sse` (streamed and
+//! collected responses), `stop` (stop sequences on the text), `ops` (API key, `/health`,
+//! `/metrics`, the loading router), `tools` (tool calls on the wire), `validate`,
+//! `completion_request` and `messages` (request bodies), `prompt` (a request to the rendered
 //! prompt, shared with `deltafin render`).
 //! This file holds the settings, the shared state and the router.
 
+pub mod completion_request;
 mod guard;
 mod handlers;
 mod listen;
