@@ -1,7 +1,8 @@
 //! An OpenAI-compatible server (axum) over an `Engine`: `/v1/models`, `/v1/chat/completions`,
 //! `/v1/completions`, streaming or not. Generations run on the engine's batch scheduler
 //! (`crate::engine::batch`): up to `max_batch` share each pass, a bounded FIFO queue holds the
-//! next ones (429 with `Retry-After` only when both are full). A place is reserved before the
+//! next ones, and a waiting line behind them admits in arrival order (429 with `Retry-After`
+//! only when the line is full or a wait runs out). A place is reserved before the
 //! prompt is tokenized, tokenizing runs off the async runtime, and a prompt over the context
 //! limit gets 400. A client that goes away cancels its generation at the next prefill chunk or
 //! token. Files: `listen` (the accept loop: timeouts, the connection cap, the drain on
