@@ -435,7 +435,7 @@ mod schema_machine;
 mod splitter;
 mod tools;
 pub use chatml::ChatMl;
-pub use force::{JsonReply, ToolForcer};
+pub use force::{JsonReply, Script, ToolForcer};
 pub use format::{ChatFormat, ReplySplitter, Xtml};
 pub use harmony_format::{harmony_ids, Harmony};
 pub use json_mask::{token_table, JsonMask, JsonState};

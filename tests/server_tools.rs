@@ -409,3 +409,33 @@ fn json_schema_replies_follow_the_schema() {
         "a missing name"
     );
 }
+
+/// A demanded call comes even when the reply never closes its think block: the end of message
+/// it picks there closes the think block and the response, the call opens (named, or `<|open|>call`
+/// for `required`) and the reply writes its arguments.
+#[test]
+fn demanded_calls_come_when_thinking_never_ends() {
+    let args = "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>";
+    let user = json!([{"role": "user", "content": "weather?"}]);
+    for (choice, rest) in [
+        (
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            String::new(),
+        ),
+        (
+            json!("required"),
+            " tool=\"get_weather\" index=\"1\"<|sep|>".to_string(),
+        ),
+    ] {
+        let addr = scripted(&format!("Hmm, the weather.<|end_of_msg|>{rest}{args}"));
+        let body = json!({"messages": user, "tools": tools(), "tool_choice": choice,
+            "thinking": true, "max_tokens": 400});
+        let (st, got) = post(addr, "/v1/chat/completions", &body);
+        assert_eq!(st, 200, "{got}");
+        let c = &got["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{choice}: {got}");
+        assert_eq!(c["message"]["reasoning_content"], "Hmm, the weather.");
+        let want = vec![("get_weather".to_string(), json!({"city": "Paris"}))];
+        assert_eq!(calls_of(&c["message"]["tool_calls"]), want, "{choice}");
+    }
+}

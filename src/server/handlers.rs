@@ -243,7 +243,9 @@ pub(super) async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Respon
             .tools
             .as_ref()
             .filter(|_| format.steers_replies())
-            .and_then(|_| ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel)),
+            .and_then(|_| {
+                ToolForcer::new(st.engine.tokenizer(), &t.choice, t.parallel, req.thinking)
+            }),
         json: req.json.as_ref().and_then(|f| {
             let tok = st.engine.tokenizer();
             let vocab = st.engine.model().vocab_size();

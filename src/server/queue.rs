@@ -13,7 +13,7 @@ use super::logprobs::TokenLogprob;
 use super::stop::StopMatcher;
 use super::validate::{ApiError, Sampling};
 use super::AppState;
-use crate::chat::{Delta, JsonReply, ToolForcer, Xtml};
+use crate::chat::{Delta, JsonReply, Script, ToolForcer, Xtml};
 use crate::engine::batch::{Request, SeqEvent};
 use crate::runtime::generate::sample::Sampler;
 use crate::runtime::generate::StopReason;
@@ -278,18 +278,21 @@ pub(super) fn start(
     let (record, top) = (lps.clone(), s.logprobs.unwrap_or(0));
     let tok_st = st.clone();
     // The test hook: a scripted reply (then the end of message) instead of the model's choice.
-    let mut script: std::collections::VecDeque<u32> = match &st.cfg.scripted_reply {
+    let mut script = match &st.cfg.scripted_reply {
         Some(t) => {
             let mut ids = st.engine.tokenizer().encode(t, true);
             ids.push(st.engine.eos());
-            ids.into()
+            Script::new(ids)
         }
-        None => Default::default(),
+        None => Script::default(),
     };
     let (mode, mut forcer, mut json) = match chat {
         Some(c) => (Some((c.thinking, c.calls)), c.forcer, c.json),
         None => (None, None, None),
     };
+    if let Some(f) = forcer.as_mut() {
+        f.bound(max_new, &st.engine.stop_ids());
+    }
     let prompt_logits = (s.echo && s.logprobs.is_some()).then(|| {
         let (tx, ids) = (tx.clone(), ids.clone());
         let first = TokenLogprob {
@@ -312,12 +315,19 @@ pub(super) fn start(
         },
         choose: Box::new(move |l: &[f32]| {
             let tok = tok_st.engine.tokenizer();
-            let mut pick = |l: &[f32]| script.pop_front().unwrap_or_else(|| sampler.choose(l));
-            let id = match (forcer.as_mut(), json.as_mut()) {
-                (Some(f), _) => f.next(tok, || pick(l)),
-                (None, Some(j)) => j.next(tok, l, pick),
-                (None, None) => pick(l),
+            let mut chosen = false;
+            let id = {
+                let mut pick = |l: &[f32]| {
+                    chosen = true;
+                    script.pick().unwrap_or_else(|| sampler.choose(l))
+                };
+                match (forcer.as_mut(), json.as_mut()) {
+                    (Some(f), _) => f.next(tok, || pick(l)),
+                    (None, Some(j)) => j.next(tok, l, pick),
+                    (None, None) => pick(l),
+                }
             };
+            script.saw(id, chosen);
             if let Some(Ok(mut q)) = record.as_ref().map(|q| q.lock()) {
                 q.push_back(super::logprobs::of(l, id, top));
             }
