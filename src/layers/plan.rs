@@ -79,6 +79,8 @@ pub fn plan(shape: &RowShape, inv: &Inventory, o: &LoadOptions) -> Result<Memory
         prefill_chunk: 64,
         baseline: rss().0,
         resident_cap: None,
+        reserve_override: o.memory_reserve,
+        spine_resident: true,
     })?;
     // The dense layers are mapped and stay resident: every one must be pinned.
     if plan.pinned_count() < layers {

@@ -12,6 +12,8 @@ pub struct LoadOptions {
     /// Memory limit in bytes (`--memory-gb`; default: the smallest of `MemAvailable`, the
     /// cgroup limit and `MemTotal`).
     pub memory_limit: Option<u64>,
+    /// OS reserve in bytes (`--reserve-gb`; default: `runtime::memory::reserve` of the limit).
+    pub memory_reserve: Option<u64>,
     /// Expert RAM tier in bytes (`--ram-gb`).
     pub expert_ram: Option<u64>,
     /// Context limit in tokens (`--context`).
@@ -40,6 +42,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             memory_limit: None,
+            memory_reserve: None,
             expert_ram: None,
             context: None,
             resident_cap: None,

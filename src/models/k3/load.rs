@@ -128,6 +128,8 @@ pub fn plan_for(
         prefill_chunk: defaults.prefill_chunk,
         baseline: rss().0,
         resident_cap: o.resident_cap,
+        reserve_override: o.memory_reserve,
+        spine_resident: false,
     })
 }
 

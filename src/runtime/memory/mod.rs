@@ -132,10 +132,12 @@ fn macos_memsize() -> u64 {
 }
 
 /// Bytes held back for the OS, the page cache's working set and allocator slack, out of the
-/// memory limit: `max(1.5 GB, 10%)`. The limit already excludes what other processes use
-/// (`MemAvailable`), so this is smaller than Deltafin's `max(10 GB, 18%)` of physical memory.
+/// memory limit: a tenth of it, at least `min(1.5 GB, a quarter)`. The limit already excludes
+/// what other processes use (`MemAvailable`), so this is smaller than Deltafin's
+/// `max(10 GB, 18%)` of physical memory; a fixed 1.5 GB floor would leave a 2 GB limit a
+/// 0.5 GB budget, so below 6 GB the floor scales with the limit (`--reserve-gb` overrides).
 pub fn reserve(limit: u64) -> u64 {
-    (3 * GB / 2).max(limit / 10)
+    (limit / 10).max((3 * GB / 2).min(limit / 4))
 }
 
 /// Allocations of at least this many bytes get their own mapping (`bound_allocator`).
@@ -206,6 +208,8 @@ mod tests {
         };
         assert_eq!(unknown.limit(), (8 * GB, "MemTotal"));
         assert_eq!(reserve(8 * GB), 3 * GB / 2);
+        assert_eq!(reserve(2 * GB), GB / 2);
+        assert_eq!(reserve(6 * GB), 3 * GB / 2);
         assert_eq!(reserve(100 * GB), 10 * GB);
     }
 

@@ -15,6 +15,11 @@ pub struct PlanInputs {
     pub memory: Memory,
     /// `--memory-gb`: replaces the measured limit (for testing smaller machines).
     pub limit_override: Option<u64>,
+    /// `--reserve-gb`: replaces the OS reserve `reserve(limit)` would hold back.
+    pub reserve_override: Option<u64>,
+    /// The family keeps every spine layer resident (mapped dense layers): they are charged
+    /// before the RAM tier and prefetch, which get only what is left.
+    pub spine_resident: bool,
     /// Spine bytes of each decoder layer.
     pub layer_bytes: Vec<u64>,
     /// lm_head and the tail norms (always resident).
@@ -169,7 +174,7 @@ impl MemoryPlan {
             Some(b) => (b, "--memory-gb"),
             None => i.memory.limit(),
         };
-        let reserve = reserve(limit);
+        let reserve = i.reserve_override.unwrap_or_else(|| reserve(limit));
         let budget = limit.saturating_sub(reserve);
         let copies = if i.device_copies { 2 } else { 1 };
         let mut lines = fixed_lines(i, copies);
@@ -217,13 +222,18 @@ impl MemoryPlan {
             (prefill_pass as u64).saturating_mul(i.pass_row_bytes),
         ));
         let fixed: u64 = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
-        let floor = fixed.saturating_add(depth * max_layer * copies);
+        let spine = if i.spine_resident {
+            (
+                "dense layers kept resident",
+                copies * i.layer_bytes.iter().sum::<u64>(),
+            )
+        } else {
+            ("streamed layers in flight", depth * max_layer * copies)
+        };
+        let floor = fixed.saturating_add(spine.1);
         if floor > budget {
             let mut big = lines.clone();
-            big.push((
-                "streamed layers in flight".into(),
-                depth * max_layer * copies,
-            ));
+            big.push((spine.0.into(), spine.1));
             return Err(too_small(big, floor, (budget, limit, reserve), source));
         }
         let spare = budget - floor;
@@ -237,7 +247,12 @@ impl MemoryPlan {
         lines.push(("expert RAM tier".into(), expert_ram));
         lines.push(("prefetch holdings (cap)".into(), prefetch_cap));
         let left = budget - fixed - expert_ram - prefetch_cap;
-        let (pinned, used, streamed_max) = pin_layers(i, left, depth, copies);
+        let (pinned, used, streamed_max) = if i.spine_resident {
+            let n = i.layer_bytes.len();
+            (vec![true; n], i.layer_bytes.iter().sum(), 0)
+        } else {
+            pin_layers(i, left, depth, copies)
+        };
         let count = pinned.iter().filter(|p| **p).count();
         lines.push((format!("pinned spine layers ({count})"), used * copies));
         lines.push((
@@ -344,7 +359,7 @@ fn too_small(
         .map(|(w, b)| format!("{w} {:.2} GB", gb(*b)))
         .collect();
     Error::Msg(format!(
-        "the model needs at least {:.2} GB with nothing pinned, but the memory budget is {:.2} GB ({:.2} GB {source} − {:.2} GB reserve); largest: {}. Lower --context, or raise --memory-gb if this machine has more",
+        "the model needs at least {:.2} GB, but the memory budget is {:.2} GB ({:.2} GB {source} − {:.2} GB reserve); largest: {}. Lower --context, or raise --memory-gb if this machine has more",
         gb(floor),
         gb(budget),
         gb(limit),

@@ -41,6 +41,8 @@ fn k3(limit: Option<u64>) -> PlanInputs {
         prefill_chunk: 64,
         baseline: 300_000_000,
         resident_cap: None,
+        reserve_override: None,
+        spine_resident: false,
     }
 }
 
@@ -224,4 +226,38 @@ fn the_batch_is_charged_and_picked_from_the_budget() {
     i.batch = Some(4096);
     let e = MemoryPlan::new(&i).unwrap_err().to_string();
     assert!(e.contains("sequence states"), "{e}");
+}
+
+/// A family that keeps its dense layers resident (gpt-oss's shape: six 0.4 GB layers, a
+/// 1.2 GB lm_head) gets them before the RAM tier: the auto tier takes only what is left.
+#[test]
+fn a_resident_spine_comes_before_the_ram_tier() {
+    let resident = |limit: u64, ram: Option<u64>| {
+        let mut i = k3(Some(limit));
+        i.layer_bytes = vec![400_000_000; 6];
+        i.global_bytes = 1_200_000_000;
+        i.state_fixed = 0;
+        i.in_flight = 1;
+        i.spine_resident = true;
+        i.expert_ram = ram;
+        i.context = Some(4096);
+        MemoryPlan::new(&i)
+    };
+    for gb_ in [8u64, 12, 24] {
+        let p = resident(gb_ * GB, None).unwrap();
+        assert_eq!(p.pinned_count(), 6, "{gb_} GB: {p}");
+        assert!(p.total <= p.limit - p.reserve, "{gb_} GB: {p}");
+    }
+    // An asked RAM tier that leaves no room for the layers is refused by name.
+    let e = resident(8 * GB, Some(3 * GB)).unwrap_err().to_string();
+    assert!(e.contains("--ram-gb"), "{e}");
+    // Too small for the layers themselves: the error names them.
+    let e = resident(6 * GB, None).unwrap_err().to_string();
+    assert!(e.contains("dense layers kept resident"), "{e}");
+    // The reserve scales down with a small limit, and `--reserve-gb` replaces it.
+    let mut i = k3(Some(2 * GB));
+    assert_eq!(reserve(2 * GB), GB / 2);
+    i.reserve_override = Some(GB / 4);
+    let e = MemoryPlan::new(&i).unwrap_err().to_string();
+    assert!(e.contains("0.25 GB reserve"), "{e}");
 }

@@ -20,6 +20,10 @@ pub struct StoreArgs {
     /// cgroup limit and MemTotal).
     #[arg(long)]
     pub memory_gb: Option<f64>,
+    /// Memory in GB held back from the plan for the OS, the page cache and allocator slack
+    /// (default: a tenth of the limit, at least 1.5 GB or a quarter of the limit if less).
+    #[arg(long)]
+    pub reserve_gb: Option<f64>,
     /// RAM tier budget for routed experts, in GiB (default: the memory plan's choice, at most 4).
     #[arg(long)]
     pub ram_gb: Option<f64>,
@@ -99,6 +103,7 @@ impl StoreArgs {
         };
         Ok(LoadOptions {
             memory_limit: non_negative(self.memory_gb, "--memory-gb", 1e9)?,
+            memory_reserve: non_negative(self.reserve_gb, "--reserve-gb", 1e9)?,
             expert_ram: non_negative(self.ram_gb, "--ram-gb", (1u64 << 30) as f64)?,
             context: self.context,
             resident_cap: non_negative(self.spine_resident_gb, "--spine-resident-gb", 1e9)?,
