@@ -41,7 +41,7 @@
 //! }
 //! # Ok(()) }
 //! ```
-
+#![warn(missing_docs)]
 #![recursion_limit = "256"]
 
 pub mod alloc_count;

@@ -35,10 +35,20 @@ const MAX_NODES: usize = 4096;
 pub enum SchemaError {
     /// A keyword outside the subset.
     #[error("at `{at}`: `{keyword}` is not supported by the JSON mask (supported: type, enum, const, properties, required, additionalProperties, items, minItems, maxItems, anyOf, oneOf, $ref)")]
-    Unsupported { at: String, keyword: String },
+    Unsupported {
+        /// The JSON pointer of the schema part.
+        at: String,
+        /// The keyword.
+        keyword: String,
+    },
     /// A malformed or unsatisfiable part.
     #[error("at `{at}`: {why}")]
-    Invalid { at: String, why: String },
+    Invalid {
+        /// The JSON pointer of the schema part.
+        at: String,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 fn invalid(at: &str, why: impl Into<String>) -> SchemaError {

@@ -297,6 +297,7 @@ fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
+/// Parses and checks a chat completion body: a request, or a 400 naming the field.
 pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let m = object(body)?;
     check_fields(
