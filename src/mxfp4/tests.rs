@@ -49,6 +49,7 @@ fn every_kernel_is_bit_identical_to_scalar() {
         (130, 96),
         (64, 3584 / 4),
         (9, 64),
+        (5, 96),
     ] {
         let (p, mut s) = random_matrix(&mut rng, rows, cols);
         if rows == 9 {
@@ -58,7 +59,8 @@ fn every_kernel_is_bit_identical_to_scalar() {
                 .for_each(|(i, b)| *b = (i % 41) as u8);
         }
         let m = Mxfp4Matrix::new(&p, &s, rows, cols).unwrap();
-        for t in [1usize, 2, 5] {
+        // Input counts that leave every tile width's remainder (4, 2, 1).
+        for t in [1usize, 2, 5, 11] {
             let xs = random_x(&mut rng, t * cols);
             let mut want = vec![0f32; t * rows];
             gemm_with(Kernel::Scalar, &m, &xs, t, &mut want, false).unwrap();

@@ -37,6 +37,8 @@ pub struct Mxfp4BenchOptions {
     pub kernel: Kernel,
     /// Whose expert matrices.
     pub shape: ExpertShape,
+    /// Input rows per call (1: decode; more: a prefill pass's tokens routed to one expert).
+    pub rows: Vec<usize>,
 }
 
 /// The expert matrices `bench mxfp4` runs.
@@ -66,6 +68,7 @@ impl Default for Mxfp4BenchOptions {
             runs: 5,
             threads: vec![1, 2],
             kernel: Kernel::best(),
+            rows: vec![1],
         }
     }
 }
@@ -168,8 +171,12 @@ fn mxfp4_gemv_figure(
         }
     }
     let width = mats.iter().map(|m| m.0.max(m.1)).max().unwrap_or(0);
+    let most = opts.rows.iter().copied().max().unwrap_or(1).max(1);
     let mut rng = Rng::new(1);
-    let x: Vec<f32> = (0..width).map(|_| rng.normal() as f32).collect();
+    let x: Vec<f32> = (0..width * most).map(|_| rng.normal() as f32).collect();
+    // Multiply-adds per weight byte and input row, for the GFLOP/s of a several-row figure.
+    let macs: usize = mats.iter().map(|&(r, c)| r * c).sum();
+    let macs_per_byte = macs as f64 / span as f64;
     let words: Vec<u64> = (0..data.len() / 8).map(|i| i as u64).collect();
     let gb = data.len() as f64 / 1e9;
     emit(
@@ -178,20 +185,31 @@ fn mxfp4_gemv_figure(
         "requested_kernel": opts.kernel.name(), "experts": opts.experts,
         "working_set_gb": gb, "runs": opts.runs}),
     );
-    for &t in &opts.threads {
-        let fig = pool(t)?.install(|| {
-            let mut y = vec![0f32; width];
-            against_memory(&words, opts.runs, gb, || {
-                for m in &matrices {
-                    mxfp4::gemm_with(opts.kernel, m, &x[..m.cols], 1, &mut y[..m.rows], true)?;
-                }
-                Ok(())
-            })
-        })?;
-        let mut j = fig.json();
-        j["figure"] = "mxfp4_gemv_gbps".into();
-        j["threads"] = t.into();
-        emit(j);
+    for &rows in &opts.rows {
+        let n = rows.max(1);
+        for &t in &opts.threads {
+            let fig = pool(t)?.install(|| {
+                let mut y = vec![0f32; width * n];
+                against_memory(&words, opts.runs, gb, || {
+                    for m in &matrices {
+                        let (xs, ys) = (&x[..m.cols * n], &mut y[..m.rows * n]);
+                        mxfp4::gemm_with(opts.kernel, m, xs, n, ys, true)?;
+                    }
+                    Ok(())
+                })
+            })?;
+            let mut j = fig.json();
+            j["figure"] = if n == 1 {
+                "mxfp4_gemv_gbps"
+            } else {
+                "mxfp4_gemm_gbps"
+            }
+            .into();
+            j["threads"] = t.into();
+            j["rows"] = n.into();
+            j["gflops"] = (fig.kernel.median * 2.0 * macs_per_byte * n as f64).into();
+            emit(j);
+        }
     }
     Ok(())
 }

@@ -140,5 +140,9 @@ pub enum BenchKind {
         /// Whose expert matrices: k3 or gpt-oss.
         #[arg(long, value_enum, default_value = "k3")]
         shape: crate::bench::ExpertShape,
+        /// Input rows per call (1: decode; more: a prefill pass's tokens on one expert),
+        /// comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        rows: Vec<usize>,
     },
 }

@@ -185,6 +185,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             kernel,
             threads,
             shape,
+            rows,
         } => {
             let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
             if threads.is_empty() {
@@ -195,6 +196,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 runs: runs.max(1),
                 threads,
                 shape,
+                rows: if rows.is_empty() { vec![1] } else { rows },
                 ..Default::default()
             };
             if let Some(k) = kernel {
