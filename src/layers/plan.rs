@@ -99,6 +99,7 @@ pub fn store_options(plan: &MemoryPlan, o: &LoadOptions) -> TieredOptions {
         ram_budget: plan.expert_ram as usize,
         prefetch_cap: plan.prefetch_cap,
         prefetch_previous: o.store.prefetch_previous && plan.prefetch_cap > 0,
+        pool_buffers: plan.pool_buffers,
         ..o.store.clone()
     }
 }

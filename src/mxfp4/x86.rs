@@ -43,8 +43,6 @@ fn finish(kernel: Kernel, phys: &[f32; 32]) -> f32 {
     reduce32(&lanes)
 }
 
-const TILE_X: usize = 4;
-
 /// AVX-512 kernel; `xs` are permuted with `permute_x(Kernel::Avx512, ..)`.
 ///
 /// # Safety
@@ -288,48 +286,66 @@ pub unsafe fn rows_avx2(
         }
         return;
     }
-    let mag = _mm256_loadu_ps(E2M1.as_ptr());
-    let sign = _mm256_set1_epi32(i32::MIN);
-    let groups = m.groups();
     for k in 0..nrows {
-        let p = m.row_packed(r0 + k).as_ptr();
-        let s = m.row_scales(r0 + k);
+        let (p, s) = (m.row_packed(r0 + k).as_ptr(), m.row_scales(r0 + k));
         let mut t0 = 0;
         while t0 < xs.len() {
-            let nt = (xs.len() - t0).min(TILE_X);
-            let mut acc = [[_mm256_setzero_ps(); 4]; TILE_X];
-            for (g, &sb) in s.iter().enumerate().take(groups) {
-                let tbl = _mm256_mul_ps(mag, _mm256_set1_ps(e8m0(sb)));
-                let mut w = [_mm256_setzero_ps(); 4];
-                for h in 0..2 {
-                    let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                        p.add(16 * g + 8 * h) as *const __m128i
-                    ));
-                    let slo = _mm256_and_si256(_mm256_slli_epi32(v, 28), sign);
-                    let shi = _mm256_and_si256(_mm256_slli_epi32(v, 24), sign);
-                    let lo = _mm256_permutevar8x32_ps(tbl, v);
-                    let hi = _mm256_permutevar8x32_ps(tbl, _mm256_srli_epi32(v, 4));
-                    w[2 * h] = _mm256_xor_ps(lo, _mm256_castsi256_ps(slo));
-                    w[2 * h + 1] = _mm256_xor_ps(hi, _mm256_castsi256_ps(shi));
-                }
-                for t in 0..nt {
-                    let xp = xs[t0 + t].as_ptr().add(GROUP * g);
-                    for q in 0..4 {
-                        acc[t][q] =
-                            _mm256_fmadd_ps(w[q], _mm256_loadu_ps(xp.add(8 * q)), acc[t][q]);
-                    }
-                }
-            }
-            for t in 0..nt {
-                let mut phys = [0f32; 32];
-                for q in 0..4 {
-                    _mm256_storeu_ps(phys.as_mut_ptr().add(8 * q), acc[t][q]);
-                }
-                out[t0 + t][k] = finish(Kernel::Avx2, &phys);
-            }
-            t0 += nt;
+            // Constant widths keep the accumulators in registers (see `avx512_block`).
+            let put = &mut |t: usize, v: f32| out[t0 + t][k] = v;
+            t0 += if xs.len() - t0 >= INPUTS_AVX2 {
+                avx2_tile::<INPUTS_AVX2>(p, s, &xs[t0..], put)
+            } else {
+                avx2_tile::<1>(p, s, &xs[t0..], put)
+            };
         }
     }
+}
+
+/// Inputs per tile in the AVX2 several-input kernel: 4 accumulators each, plus the group's 4
+/// decoded vectors, within the 16 registers.
+const INPUTS_AVX2: usize = 2;
+
+/// One weight row (codes `p`, scales `s`) against the first `T` inputs of `xs`; `put(t, y)`
+/// gets each result. Returns `T`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_tile<const T: usize>(
+    p: *const u8,
+    s: &[u8],
+    xs: &[&[f32]],
+    put: &mut dyn FnMut(usize, f32),
+) -> usize {
+    let mag = _mm256_loadu_ps(E2M1.as_ptr());
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let xp: [*const f32; T] = std::array::from_fn(|t| xs[t].as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); 4]; T];
+    for (g, &sb) in s.iter().enumerate() {
+        let tbl = _mm256_mul_ps(mag, _mm256_set1_ps(e8m0(sb)));
+        let mut w = [_mm256_setzero_ps(); 4];
+        for h in 0..2 {
+            let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(16 * g + 8 * h) as *const __m128i));
+            let slo = _mm256_and_si256(_mm256_slli_epi32(v, 28), sign);
+            let shi = _mm256_and_si256(_mm256_slli_epi32(v, 24), sign);
+            let lo = _mm256_permutevar8x32_ps(tbl, v);
+            let hi = _mm256_permutevar8x32_ps(tbl, _mm256_srli_epi32(v, 4));
+            w[2 * h] = _mm256_xor_ps(lo, _mm256_castsi256_ps(slo));
+            w[2 * h + 1] = _mm256_xor_ps(hi, _mm256_castsi256_ps(shi));
+        }
+        for t in 0..T {
+            let x = xp[t].add(GROUP * g);
+            for q in 0..4 {
+                acc[t][q] = _mm256_fmadd_ps(w[q], _mm256_loadu_ps(x.add(8 * q)), acc[t][q]);
+            }
+        }
+    }
+    for t in 0..T {
+        let mut phys = [0f32; 32];
+        for q in 0..4 {
+            _mm256_storeu_ps(phys.as_mut_ptr().add(8 * q), acc[t][q]);
+        }
+        put(t, finish(Kernel::Avx2, &phys));
+    }
+    T
 }
 
 /// The AVX2 twin of `avx512_rows1`: `R` rows against one input vector, each group's 8 scaled

@@ -205,12 +205,14 @@ impl K3Model {
             ram_budget: plan.expert_ram as usize,
             prefetch_cap: plan.prefetch_cap,
             prefetch_previous: o.store.prefetch_previous && plan.prefetch_cap > 0,
+            pool_buffers: plan.pool_buffers,
             ..o.store.clone()
         };
         let experts = Arc::new(expert_store(dir, inv, index, &store, o.cache.clone())?);
         let mut model = Self::load(cfg, spine, experts)?;
         model.context_limit = plan.context;
         model.options.prefill_pass = plan.prefill_pass;
+        model.options.expert_batch = plan.expert_batch;
         model.plan = Some(plan);
         Ok(model)
     }

@@ -75,6 +75,7 @@ impl Qwen3MoeModel {
         let mut m = Self::with_experts(cfg, &opened.dense, opened.experts)?;
         m.context_limit = opened.plan.context;
         m.pass = opened.plan.prefill_pass.max(1);
+        m.exec.expert_batch = opened.plan.expert_batch;
         m.plan = Some(opened.plan);
         Ok(m)
     }

@@ -104,6 +104,24 @@ pub struct MemoryPlan {
     pub prompt_cache: u64,
     /// Sequences that may decode at once in shared passes (each one's state is charged).
     pub max_batch: usize,
+    /// Experts one MoE layer holds at once: the family's, halved (down to 1) while the model
+    /// would not fit otherwise (a prefill pass then runs its experts in smaller groups).
+    pub expert_batch: usize,
+    /// Idle buffers the expert readers keep, halved with `expert_batch`.
+    pub pool_buffers: usize,
+}
+
+/// Why a plan was not made: the model's floor is over the budget (a smaller expert batch may
+/// still fit), or anything else.
+enum Refusal {
+    Floor(Error),
+    Other(Error),
+}
+
+impl From<Error> for Refusal {
+    fn from(e: Error) -> Self {
+        Refusal::Other(e)
+    }
 }
 
 /// Share of the budget the batch's sequence states may take when the plan picks the batch.
@@ -170,6 +188,22 @@ fn expert_tier(asked: Option<u64>, spare: u64) -> Result<u64> {
 impl MemoryPlan {
     /// Computes the plan; an error names what does not fit and the flags that change it.
     pub fn new(i: &PlanInputs) -> Result<MemoryPlan> {
+        // A tight budget holds fewer expert reads at once before the model is refused.
+        let mut j = i.clone();
+        loop {
+            match Self::within(&j) {
+                Ok(p) => return Ok(p),
+                Err(Refusal::Floor(_)) if j.expert_batch > 1 || j.pool_buffers > 1 => {
+                    j.expert_batch = (j.expert_batch / 2).max(1);
+                    j.pool_buffers = (j.pool_buffers / 2).max(1);
+                }
+                Err(Refusal::Floor(e) | Refusal::Other(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// The plan with `i`'s expert batch and reader buffers as they are.
+    fn within(i: &PlanInputs) -> std::result::Result<MemoryPlan, Refusal> {
         let (limit, source) = match i.limit_override {
             Some(b) => (b, "--memory-gb"),
             None => i.memory.limit(),
@@ -234,7 +268,12 @@ impl MemoryPlan {
         if floor > budget {
             let mut big = lines.clone();
             big.push((spine.0.into(), spine.1));
-            return Err(too_small(big, floor, (budget, limit, reserve), source));
+            return Err(Refusal::Floor(too_small(
+                big,
+                floor,
+                (budget, limit, reserve),
+                source,
+            )));
         }
         let spare = budget - floor;
         let expert_ram = expert_tier(i.expert_ram, spare)?;
@@ -277,6 +316,8 @@ impl MemoryPlan {
             prefetch_cap,
             prompt_cache: i.prompt_cache,
             max_batch,
+            expert_batch: i.expert_batch,
+            pool_buffers: i.pool_buffers,
         })
     }
 

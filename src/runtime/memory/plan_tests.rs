@@ -251,6 +251,16 @@ fn a_resident_spine_comes_before_the_ram_tier() {
     // An asked RAM tier that leaves no room for the layers is refused by name.
     let e = resident(8 * GB, Some(3 * GB)).unwrap_err().to_string();
     assert!(e.contains("--ram-gb"), "{e}");
+    // Too small for 32 expert reads at once: fewer are held, down to what fits.
+    let p = resident(13 * GB / 2, None).unwrap();
+    assert!(p.expert_batch < 32 && p.expert_batch >= 1, "{p}");
+    assert!(p.total <= p.limit - p.reserve, "{p}");
+    assert!(
+        p.to_string()
+            .contains(&format!("({} experts)", p.expert_batch)),
+        "{p}"
+    );
+    assert_eq!(resident(24 * GB, None).unwrap().expert_batch, 32);
     // Too small for the layers themselves: the error names them.
     let e = resident(6 * GB, None).unwrap_err().to_string();
     assert!(e.contains("dense layers kept resident"), "{e}");
