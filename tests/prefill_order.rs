@@ -238,3 +238,26 @@ fn cancelled_chat_turn_leaves_the_session_unchanged() {
         .unwrap();
     assert_eq!(got.generation.generated_ids, want.generation.generated_ids);
 }
+
+/// A tight memory plan halves the experts one MoE layer holds at once (`expert_batch`, down to
+/// 1): each expert's rows still land at their own top-k slots, so logits and state are
+/// bit-identical at every batch size.
+#[test]
+fn a_smaller_expert_batch_changes_no_bit() {
+    let tiny = deltafin::assets::k3_tiny().expect("assets/k3-tiny");
+    for (what, dir) in [("K3-nano", common::nano()), ("K3-tiny", tiny)] {
+        let mut m = K3Model::from_dir(&dir, &Device::Cpu).unwrap();
+        for n in [65, 300] {
+            let p = ids(&m, n);
+            m.options.expert_batch = 32;
+            let (want, want_st) = prefill(&mut m, &p, 4096);
+            for batch in [1, 3] {
+                m.options.expert_batch = batch;
+                let (got, st) = prefill(&mut m, &p, 4096);
+                let what = format!("{what}, {n} tokens, {batch} experts at once");
+                assert!(got == want, "{what}: logits differ");
+                same_state(&st, &want_st, &what);
+            }
+        }
+    }
+}

@@ -39,10 +39,11 @@ pub struct ToolForcer {
     think_tail: Vec<u32>,
     /// Fed after a `<|close|>` picked in the response: `response<|sep|>`.
     response_tail: Vec<u32>,
-    /// Tokens the reply may still emit, and the ids that end it (set by `bound`).
+    /// Tokens the reply may still emit (set by `bound`).
     left: Option<usize>,
     /// Tokens kept for the forced call's arguments (set by `bound`).
     arguments: usize,
+    /// Ids that end the reply: `<|end_of_msg|>`, and the engine's stop ids (set by `bound`).
     stops: Vec<u32>,
 }
 
@@ -404,11 +405,15 @@ mod tests {
                 "{budget}: {args}"
             );
         }
-        // Auto steers nothing, and a call already made is not forced again.
+        // Auto steers nothing.
         assert_eq!(
             run_reply(ToolChoice::Auto, false, true, ANSWER, None),
             ANSWER
         );
+        // A reply that closes its blocks and makes its calls itself is let through as written:
+        // nothing is forced twice.
+        let own = format!("Plan.<|close|>think<|sep|><|open|>response<|sep|>{CALLS}");
+        assert_eq!(run_reply(ToolChoice::Required, true, true, &own, None), own);
     }
 
     const ANSWER: &str = "Plain.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>";

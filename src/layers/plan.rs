@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// What the plan needs to know of a row-cache model.
 #[derive(Debug, Clone)]
 pub struct RowShape {
-    /// The family's name (in the error when the dense layers do not fit).
+    /// The family's name (in the error when the model does not fit).
     pub family: &'static str,
     /// Decoder layers.
     pub layers: usize,
@@ -81,15 +81,10 @@ pub fn plan(shape: &RowShape, inv: &Inventory, o: &LoadOptions) -> Result<Memory
         resident_cap: None,
         reserve_override: o.memory_reserve,
         spine_resident: true,
-    })?;
-    // The dense layers are mapped and stay resident: every one must be pinned.
-    if plan.pinned_count() < layers {
-        return Err(Error::Msg(format!(
-            "{} keeps its {layers} dense layers resident, the plan pins {} of them:\n{plan}\nraise --memory-gb or lower --context/--ram-gb",
-            shape.family,
-            plan.pinned_count()
-        )));
-    }
+    })
+    .map_err(|e| Error::Msg(format!("{}: {e}", shape.family)))?;
+    // The dense layers are mapped and stay resident: `spine_resident` pins every one or refuses.
+    debug_assert_eq!(plan.pinned_count(), layers);
     Ok(plan)
 }
 
