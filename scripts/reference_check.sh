@@ -36,6 +36,25 @@ run --model "$repo/assets/k3-tiny" --name K3-tiny --seed 3 --json "$work/k3-tiny
 # A prompt of three prefill chunks (64 + 64 + 22 positions) against mlx-lm's single pass.
 run --model "$work/medium" --name K3-medium-150 --seed 4 --prompt-len 150 --generate 4 \
     --json "$work/medium-150.json"
+# The int8-activation MXFP4 kernel (`--kernel fast`, opt-in; the same as exact on a CPU without
+# AVX-512 VNNI). Its gate: K3-tiny's held-out NLL over 16,384 tokens within 0.1% of the exact
+# path's, and top-1 agreement with it of at least 99% (about 20 s). Then what it keeps of
+# mlx-lm's argmax on K3-tiny and K3-medium, reported (int8 activations move each matrix by about
+# 1%, so a near-tie can flip).
+"$bin" eval --model-root "$repo/assets/k3-tiny" --text "$repo/data/heldout/persuasion.txt" \
+    --window 512 --max-tokens 16384 --compare exact fast --json > "$work/kernel-fast.json"
+python3 - "$work/kernel-fast.json" <<'EOF' || status=1
+import json, sys
+r = json.load(open(sys.argv[1]))["compare"]["report"]
+change = abs(r["nll_b"] - r["nll_a"]) / r["nll_a"]
+print(f"--kernel fast on K3-tiny, {r['positions']} positions: NLL {r['nll_b']:.5f} vs exact "
+      f"{r['nll_a']:.5f} ({100 * change:.4f}%), top-1 agree {100 * r['top1_agreement']:.2f}%, "
+      f"KL mean {r['kl_mean']:.2e}")
+if change > 1e-3 or r["top1_agreement"] < 0.99:
+    sys.exit("FAIL --kernel fast: NLL more than 0.1% from exact, or top-1 agreement under 99%")
+EOF
+run --model "$repo/assets/k3-tiny" --name K3-tiny --seed 8 --prompt-len 64 --kernel fast
+run --model "$work/medium" --name K3-medium --seed 2 --kernel fast
 # Tool calls (issue 32): mlx-lm's kimi_k3 tool parser against ours on generated and hand-written
 # tools sections (the corpus is written by an ignored unit test).
 (cd "$repo" && DELTAFIN_TOOL_CORPUS="$work/tool-corpus.jsonl" \

@@ -277,3 +277,34 @@ fn eval_compare_splits_the_memory_between_the_two_models() {
     assert_eq!(r["top1_agreement"], 1.0);
     assert_eq!(r["kl_max"], 0.0);
 }
+
+/// `LoadOptions::kernel` reaches the experts: the int8-activation kernel (`--kernel fast`) moves
+/// the logits where the CPU has it (and is the exact path elsewhere), keeping the held-out NLL
+/// within 0.1% and the top-1 token at almost every position.
+#[test]
+fn the_fast_kernel_keeps_the_nll() {
+    use deltafin::mxfp4::Kernel;
+    let scorer = |kernel: Kernel| {
+        let mut o = EngineOptions::default();
+        o.load.kernel = kernel;
+        Engine::open(&tiny(), &o).unwrap()
+    };
+    let (exact, fast) = (scorer(Kernel::best()), scorer(Kernel::fastest()));
+    let ids = exact.tokenizer().encode_ordinary(HELDOUT);
+    let ids = &ids[..4096];
+    let r = deltafin::eval::compare(&exact.model(), &fast.model(), ids, 512, None).unwrap();
+    eprintln!(
+        "{} vs {}: NLL {:.5} vs {:.5}, top-1 agree {:.2}%, KL mean {:.2e}",
+        Kernel::best().name(),
+        Kernel::fastest().name(),
+        r.nll_a,
+        r.nll_b,
+        100.0 * r.top1_agreement,
+        r.kl_mean
+    );
+    assert!((r.nll_b - r.nll_a).abs() <= 1e-3 * r.nll_a, "{r:?}");
+    assert!(r.top1_agreement >= 0.99, "{r:?}");
+    // Exact is the default, and only an int8 kernel changes anything.
+    assert_eq!(EngineOptions::default().load.kernel, Kernel::best());
+    assert_eq!(r.kl_max == 0.0, Kernel::fastest().is_exact(), "{r:?}");
+}

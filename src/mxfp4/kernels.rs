@@ -20,57 +20,84 @@ pub enum Kernel {
     Avx512,
     /// aarch64 NEON.
     Neon,
+    /// Int8 activations (`int8.rs`), plain Rust: the reference of the int8 kernels.
+    Int8,
+    /// Int8 activations with x86-64 AVX-512 VNNI (`vpdpbusd`).
+    Vnni512,
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU supports.
+    /// Every kernel, exact ones first.
+    pub const ALL: [Kernel; 6] = [
+        Kernel::Scalar,
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Neon,
+        Kernel::Int8,
+        Kernel::Vnni512,
+    ];
+
+    /// The fastest exact kernel this CPU supports (bit-identical to `Scalar`): `--kernel exact`.
     pub fn best() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return Kernel::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Kernel::Avx2;
-            }
-        }
-        #[cfg(target_arch = "aarch64")]
-        {
-            if std::arch::is_aarch64_feature_detected!("neon") {
-                return Kernel::Neon;
-            }
-        }
-        Kernel::Scalar
+        [Kernel::Avx512, Kernel::Avx2, Kernel::Neon]
+            .into_iter()
+            .find(|k| k.runs_here())
+            .unwrap_or(Kernel::Scalar)
     }
 
-    /// Every kernel this CPU can run.
+    /// The fastest kernel of all (`--kernel fast`): int8 activations where the CPU has a
+    /// dot-product instruction for them (only there do they win), else `best`.
+    pub fn fastest() -> Kernel {
+        if Kernel::Vnni512.runs_here() {
+            Kernel::Vnni512
+        } else {
+            Kernel::best()
+        }
+    }
+
+    /// Whether this kernel gives the exact path's bits (`Scalar`'s); the int8 ones do not.
+    pub fn is_exact(self) -> bool {
+        !matches!(self, Kernel::Int8 | Kernel::Vnni512)
+    }
+
+    /// Whether this CPU has what the kernel needs (the plain-Rust ones run everywhere).
+    fn runs_here(self) -> bool {
+        match self {
+            Kernel::Scalar | Kernel::Int8 => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => std::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Vnni512 => {
+                std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512vl")
+                    && std::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Every kernel this CPU can run, exact ones first.
     pub fn available() -> Vec<Kernel> {
-        let mut v = vec![Kernel::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(Kernel::Avx2);
-            }
-            if std::is_x86_feature_detected!("avx512f") {
-                v.push(Kernel::Avx512);
-            }
-        }
-        #[cfg(target_arch = "aarch64")]
-        {
-            if std::arch::is_aarch64_feature_detected!("neon") {
-                v.push(Kernel::Neon);
-            }
-        }
-        v
+        Kernel::ALL.into_iter().filter(|k| k.runs_here()).collect()
     }
 
     /// The kernel that actually runs when `self` is asked for: itself when this CPU supports it,
-    /// else the scalar fallback the dispatch takes.
+    /// else the plain-Rust kernel of the same arithmetic (`Scalar`, or `Int8` for an int8 one).
     pub fn effective(self) -> Kernel {
-        if Kernel::available().contains(&self) {
+        if self.runs_here() {
             self
-        } else {
+        } else if self.is_exact() {
             Kernel::Scalar
+        } else {
+            Kernel::Int8
         }
     }
 
@@ -81,6 +108,8 @@ impl Kernel {
             Kernel::Avx2 => "avx2",
             Kernel::Avx512 => "avx512",
             Kernel::Neon => "neon",
+            Kernel::Int8 => "int8",
+            Kernel::Vnni512 => "avx512-vnni",
         }
     }
 }
@@ -157,18 +186,9 @@ pub(crate) fn rows(
     }
 }
 
-/// The kernel that will actually run for `kernel` on this CPU.
-pub fn effective(kernel: Kernel) -> Kernel {
-    if Kernel::available().contains(&kernel) {
-        kernel
-    } else {
-        Kernel::Scalar
-    }
-}
-
 /// Puts an input vector into the lane order `kernel` expects.
 pub fn prepare_x(kernel: Kernel, x: &[f32]) -> std::borrow::Cow<'_, [f32]> {
-    match effective(kernel) {
+    match kernel.effective() {
         #[cfg(target_arch = "x86_64")]
         k @ (Kernel::Avx2 | Kernel::Avx512) => std::borrow::Cow::Owned(super::x86::permute_x(k, x)),
         _ => std::borrow::Cow::Borrowed(x),

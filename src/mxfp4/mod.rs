@@ -1,9 +1,11 @@
 //! MXFP4 (E2M1 values, E8M0 scale per 32 inputs): exact decode, a reference dequantiser, and
 //! fused dequant + GEMV kernels (scalar, AVX2, AVX-512, NEON) that never build the fp32 matrix.
-//! Usable on borrowed bytes (`gemv`, `gemm`) and as a Candle op (`matvec`).
+//! Usable on borrowed bytes (`gemv`, `gemm`) and as a Candle op (`matvec`). The int8-activation
+//! kernels (`int8.rs`, `Kernel::fastest`) trade the exact bits for speed.
 
 pub mod expert;
 pub mod format;
+pub mod int8;
 pub mod kernels;
 #[cfg(feature = "metal")]
 mod metal;
@@ -12,6 +14,8 @@ mod neon;
 pub mod op;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_int8;
 
 pub use expert::{situ, Mxfp4Expert};
 pub use format::{dequantize, e8m0, quantize, Mxfp4Matrix, E2M1, GROUP};
@@ -67,22 +71,45 @@ pub fn gemm_with(
     }
     // Below a few hundred KB of weights, waking the pool costs more than it saves.
     let parallel = parallel && t * m.weight_bytes() >= PARALLEL_MIN_BYTES;
+    if !kernel.is_exact() {
+        let q: Vec<int8::Q8Input> = xs.chunks(m.cols).map(int8::Q8Input::new).collect();
+        let qr: Vec<&int8::Q8Input> = q.iter().collect();
+        tiled(m, t, ys, parallel, |r0, n, outs| {
+            int8::rows(kernel, m, r0, n, &qr, outs)
+        });
+        return Ok(());
+    }
     let prepared: Vec<std::borrow::Cow<[f32]>> = xs
         .chunks(m.cols)
         .map(|x| kernels::prepare_x(kernel, x))
         .collect();
     let xr: Vec<&[f32]> = prepared.iter().map(|c| c.as_ref()).collect();
+    tiled(m, t, ys, parallel, |r0, n, outs| {
+        kernels::rows(kernel, m, r0, n, &xr, outs)
+    });
+    Ok(())
+}
+
+/// Runs `rows(r0, n, outs)` over tiles of `ROW_TILE` weight rows (in parallel when asked) and
+/// gathers `[t, rows]` into `ys`; `outs[t]` is the tile's output for input `t`.
+fn tiled(
+    m: &Mxfp4Matrix,
+    t: usize,
+    ys: &mut [f32],
+    parallel: bool,
+    rows: impl Fn(usize, usize, &mut [&mut [f32]]) + Sync,
+) {
     if t == 1 {
         let run = |(i, chunk): (usize, &mut [f32])| {
             let n = chunk.len();
-            kernels::rows(kernel, m, i * ROW_TILE, n, &xr, &mut [chunk]);
+            rows(i * ROW_TILE, n, &mut [chunk]);
         };
         if parallel {
             ys.par_chunks_mut(ROW_TILE).enumerate().for_each(run);
         } else {
             ys.chunks_mut(ROW_TILE).enumerate().for_each(run);
         }
-        return Ok(());
+        return;
     }
     let tiles = m.rows.div_ceil(ROW_TILE);
     let compute = |i: usize| -> Vec<f32> {
@@ -90,7 +117,7 @@ pub fn gemm_with(
         let n = ROW_TILE.min(m.rows - r0);
         let mut buf = vec![0f32; t * n];
         let mut outs: Vec<&mut [f32]> = buf.chunks_mut(n).collect();
-        kernels::rows(kernel, m, r0, n, &xr, &mut outs);
+        rows(r0, n, &mut outs);
         buf
     };
     let parts: Vec<Vec<f32>> = if parallel {
@@ -105,7 +132,6 @@ pub fn gemm_with(
             ys[tt * m.rows + r0..tt * m.rows + r0 + n].copy_from_slice(&buf[tt * n..(tt + 1) * n]);
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

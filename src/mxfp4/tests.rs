@@ -14,6 +14,38 @@ fn random_x(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.normal() as f32).collect()
 }
 
+/// Runs every available kernel of `reference`'s arithmetic (exact or int8), serial and parallel,
+/// asserting each output bit-identical to `reference`'s, and each input's output the one it gets
+/// alone (from the fastest kernel of that arithmetic).
+fn same_bits_as_reference(reference: Kernel, m: &Mxfp4Matrix, xs: &[f32], t: usize) {
+    let (rows, cols) = (m.rows, m.cols);
+    let mut want = vec![0f32; t * rows];
+    gemm_with(reference, m, xs, t, &mut want, false).unwrap();
+    let kernels: Vec<Kernel> = Kernel::available()
+        .into_iter()
+        .filter(|k| k.is_exact() == reference.is_exact())
+        .collect();
+    for &k in &kernels {
+        for par in [false, true] {
+            let mut got = vec![0f32; t * rows];
+            gemm_with(k, m, xs, t, &mut got, par).unwrap();
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{k:?} rows {rows} cols {cols} t {t} out {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    let fastest = *kernels.last().unwrap();
+    for (x, w) in xs.chunks(cols).zip(want.chunks(rows)) {
+        let mut one = vec![0f32; rows];
+        gemm_with(fastest, m, x, 1, &mut one, true).unwrap();
+        assert!(one.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
+
 #[test]
 fn decode_is_low_nibble_first() {
     // byte 0x71: low nibble 1 (0.5), high nibble 7 (6); scale 127 → 1.0; 128 → 2.0
@@ -39,8 +71,11 @@ fn rejects_bad_sizes() {
     assert!(gemv(&m, &[0.0; 31], &mut y).is_err());
 }
 
+/// Every exact kernel against `Scalar` and every int8 one against `Int8`, on odd group counts
+/// (a half pair at the end for int8), more than 16 groups (a second scale load), row and input
+/// counts that leave every tile remainder, zero and subnormal scales and inputs.
 #[test]
-fn every_kernel_is_bit_identical_to_scalar() {
+fn every_kernel_is_bit_identical_to_its_reference() {
     let mut rng = Rng::new(11);
     for &(rows, cols) in &[
         (1usize, 32usize),
@@ -50,6 +85,8 @@ fn every_kernel_is_bit_identical_to_scalar() {
         (64, 3584 / 4),
         (9, 64),
         (5, 96),
+        (7, 544),
+        (130, 2880),
     ] {
         let (p, mut s) = random_matrix(&mut rng, rows, cols);
         if rows == 9 {
@@ -59,41 +96,16 @@ fn every_kernel_is_bit_identical_to_scalar() {
                 .for_each(|(i, b)| *b = (i % 41) as u8);
         }
         let m = Mxfp4Matrix::new(&p, &s, rows, cols).unwrap();
-        // Input counts that leave every tile width's remainder (4, 2, 1).
-        for t in [1usize, 2, 5, 11] {
-            let xs = random_x(&mut rng, t * cols);
-            let mut want = vec![0f32; t * rows];
-            gemm_with(Kernel::Scalar, &m, &xs, t, &mut want, false).unwrap();
-            for k in Kernel::available() {
-                for par in [false, true] {
-                    let mut got = vec![0f32; t * rows];
-                    gemm_with(k, &m, &xs, t, &mut got, par).unwrap();
-                    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                        assert_eq!(
-                            a.to_bits(),
-                            b.to_bits(),
-                            "{k:?} rows {rows} cols {cols} t {t} out {i}: {a} vs {b}"
-                        );
-                    }
-                }
+        for t in [1usize, 2, 3, 5, 11] {
+            let mut xs = random_x(&mut rng, t * cols);
+            // A zero group, a subnormal group and one huge value.
+            xs[..GROUP].iter_mut().for_each(|v| *v = 0.0);
+            if xs.len() >= 2 * GROUP {
+                xs[GROUP..2 * GROUP].iter_mut().for_each(|v| *v *= 1e-40);
             }
-            // batched == one call per row
-            for tt in 0..t {
-                let mut one = vec![0f32; rows];
-                gemm_with(
-                    Kernel::best(),
-                    &m,
-                    &xs[tt * cols..(tt + 1) * cols],
-                    1,
-                    &mut one,
-                    true,
-                )
-                .unwrap();
-                assert!(one
-                    .iter()
-                    .zip(&want[tt * rows..(tt + 1) * rows])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()));
-            }
+            xs[cols - 1] = 3e4;
+            same_bits_as_reference(Kernel::Scalar, &m, &xs, t);
+            same_bits_as_reference(Kernel::Int8, &m, &xs, t);
         }
     }
 }
@@ -107,7 +119,7 @@ fn kernels_match_f64_dequant_matmul() {
         let m = Mxfp4Matrix::new(&p, &s, rows, cols).unwrap();
         let w = dequantize(&m);
         let x = random_x(&mut rng, cols);
-        for k in Kernel::available() {
+        for k in Kernel::available().into_iter().filter(|k| k.is_exact()) {
             let mut y = vec![0f32; rows];
             gemm_with(k, &m, &x, 1, &mut y, true).unwrap();
             for r in 0..rows {
@@ -192,12 +204,17 @@ fn expert_forward_matches_scalar_reference() {
 
 #[test]
 fn effective_kernel_names_the_fallback() {
-    for k in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512, Kernel::Neon] {
+    for k in Kernel::ALL {
         let e = k.effective();
         assert!(Kernel::available().contains(&e));
         assert_eq!(e == k, Kernel::available().contains(&k), "{k:?} -> {e:?}");
+        // A fallback keeps the arithmetic: an int8 kernel never falls back to an exact one.
+        assert_eq!(e.is_exact(), k.is_exact(), "{k:?} -> {e:?}");
     }
+    assert!(Kernel::best().is_exact());
     // No x86 CPU has NEON: asking for it runs (and is reported as) scalar.
     #[cfg(target_arch = "x86_64")]
     assert_eq!(Kernel::Neon.effective(), Kernel::Scalar);
 }
+
+mod int8_tests;

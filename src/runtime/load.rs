@@ -4,6 +4,7 @@
 //! Owns the options only, no loading.
 
 use crate::experts::{DiskCache, TieredOptions};
+use crate::mxfp4::Kernel;
 use crate::spine::source::SpineChoice;
 
 /// What the caller asks of the plan and the stores; `None` fields are the plan's to pick.
@@ -36,6 +37,9 @@ pub struct LoadOptions {
     /// Read streamed spine layers with parallel `O_DIRECT` requests (`None`: when the streamed
     /// layers exceed what the memory limit leaves the page cache after the plan's charges).
     pub direct_spine: Option<bool>,
+    /// The MXFP4 expert kernel (`--kernel`): `Kernel::best()` (exact, the default) or
+    /// `Kernel::fastest()` (int8 activations where the CPU has VNNI; see `mxfp4::int8`).
+    pub kernel: Kernel,
 }
 
 impl Default for LoadOptions {
@@ -53,6 +57,7 @@ impl Default for LoadOptions {
             store: TieredOptions::default(),
             cache: None,
             direct_spine: None,
+            kernel: Kernel::best(),
         }
     }
 }

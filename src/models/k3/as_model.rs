@@ -110,7 +110,7 @@ impl Model for K3Model {
     fn describe(&self) -> serde_json::Value {
         serde_json::json!({
             "device": crate::compute::device::describe(K3Model::device(self)),
-            "kernel": self.options.kernel.name(),
+            "kernel": self.options.kernel.effective().name(),
             "spine": self.spine().report(),
         })
     }

@@ -213,6 +213,7 @@ impl K3Model {
         model.context_limit = plan.context;
         model.options.prefill_pass = plan.prefill_pass;
         model.options.expert_batch = plan.expert_batch;
+        model.options.kernel = o.kernel;
         model.plan = Some(plan);
         Ok(model)
     }

@@ -76,6 +76,7 @@ impl Qwen3MoeModel {
         m.context_limit = opened.plan.context;
         m.pass = opened.plan.prefill_pass.max(1);
         m.exec.expert_batch = opened.plan.expert_batch;
+        m.exec.kernel = o.kernel;
         m.plan = Some(opened.plan);
         Ok(m)
     }

@@ -6,13 +6,13 @@ use deltafin::mxfp4::Kernel;
 use super::bench_args::BenchKind;
 
 fn parse_kernel(s: &str) -> anyhow::Result<Kernel> {
-    Ok(match s {
-        "scalar" => Kernel::Scalar,
-        "avx2" => Kernel::Avx2,
-        "avx512" => Kernel::Avx512,
-        "neon" => Kernel::Neon,
-        _ => anyhow::bail!("unknown kernel `{s}` (scalar, avx2, avx512, neon)"),
-    })
+    Kernel::ALL
+        .into_iter()
+        .find(|k| k.name() == s)
+        .ok_or_else(|| {
+            let names: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+            anyhow::anyhow!("unknown kernel `{s}` ({})", names.join(", "))
+        })
 }
 
 /// Runs one benchmark, printing its JSON lines on stdout.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use deltafin::eval::{self, bigram::Bigram, reference, Scorer};
 use deltafin::tokenizer::Tokenizer;
 
-use super::store::{load_engine, StoreArgs};
+use super::store::{load_engine, KernelArg, StoreArgs};
 
 /// Arguments of `deltafin eval`.
 #[derive(Debug, clap::Args)]
@@ -26,8 +26,8 @@ pub struct EvalArgs {
     /// Training text of an add-k bigram baseline, scored on the same tokens (repeatable).
     #[arg(long)]
     pub bigram: Vec<PathBuf>,
-    /// Compare two configurations of the model over the text: `bf16`, `int8` (spine formats)
-    /// or `auto`.
+    /// Compare two configurations of the model over the text: `bf16`, `int8` (spine formats),
+    /// `auto`, or `exact`, `fast` (MXFP4 kernels, with the other flags' spine).
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
     pub compare: Vec<String>,
     /// Score the model against reference continuations (JSONL: prompt_ids, continuation,
@@ -58,12 +58,14 @@ fn scorer(
     spec: &str,
 ) -> anyhow::Result<Box<dyn Scorer>> {
     let mut s = store.clone();
-    s.spine = match spec {
-        "bf16" | "int8" | "auto" => spec.to_string(),
+    match spec {
+        "bf16" | "int8" | "auto" => s.spine = spec.to_string(),
+        "exact" => s.kernel = KernelArg::Exact,
+        "fast" => s.kernel = KernelArg::Fast,
         other => anyhow::bail!(
-            "configuration `{other}`: use bf16, int8 or auto (a training run's fp32 network: `deltafin-k3 compare-fp32`)"
+            "configuration `{other}`: use bf16, int8, auto, exact or fast (a training run's fp32 network: `deltafin-k3 compare-fp32`)"
         ),
-    };
+    }
     let engine = load_engine(root, &s, 0)?;
     Ok(Box::new(engine.into_model()))
 }
