@@ -1,9 +1,12 @@
 //! End-to-end tests of the `deltafin` binary on K3-nano.
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::process::{Command, Stdio};
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    runner::command(env!("CARGO_BIN_EXE_deltafin"))
 }
 
 /// `deltafin run ARGS --model-root DIR`.
@@ -178,7 +181,7 @@ fn chat_example_two_turns() {
         panic!("chat example not built at {}", example.display());
     }
     let d = nano();
-    let mut child = Command::new(example)
+    let mut child = runner::command(example)
         .arg(d.path())
         .env("DELTAFIN_MAX_NEW", "3")
         .stdin(Stdio::piped())

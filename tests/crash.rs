@@ -4,6 +4,9 @@
 //! a failure, and finishing the job afterwards must give files byte-identical to a run that was
 //! never interrupted.
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -16,7 +19,7 @@ use deltafin::models::k3::fixture::{write_nano, NanoOptions};
 const REPO: &str = "moonshotai/Kimi-K3-nano";
 
 fn cmd(hub: &MockHub, args: &[&str], root: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltafin"));
+    let mut c = runner::command(env!("CARGO_BIN_EXE_deltafin"));
     c.args(args)
         .arg("--model-root")
         .arg(root)
@@ -70,7 +73,7 @@ fn files(root: &Path) -> BTreeMap<String, Vec<u8>> {
 }
 
 fn doctor_ok(root: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    let out = runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args(["doctor", "--model-root"])
         .arg(root)
         .output()

@@ -6,6 +6,9 @@
 //! whole context, computed by hand. Its logits against speculators' own module are
 //! `scripts/dflash_reference.py` (in `.ci/run`).
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -237,7 +240,7 @@ fn dspark_chains_each_slot_on_the_draft_before_it() {
 fn on_k3_nano_the_drafter_changes_no_token_and_reads_the_whole_context() {
     let d = tempfile::tempdir().unwrap();
     let nano = d.path().join("nano");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    let out = runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args(["fixture", "nano"])
         .arg(&nano)
         .output()

@@ -4,6 +4,9 @@
 //! malformed heads are refused by name. Its logits against speculators' own module are
 //! `scripts/eagle3_reference.py` (in `.ci/run`).
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -205,7 +208,7 @@ fn the_drafter_drafts_from_the_targets_rows_and_changes_no_token() {
     use std::sync::atomic::AtomicBool;
     let d = tempfile::tempdir().unwrap();
     let nano = d.path().join("nano");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    let out = runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args(["fixture", "nano"])
         .arg(&nano)
         .output()
@@ -359,7 +362,7 @@ fn setup_installs_a_published_head_beside_the_model() {
     write_head(src.path(), Some(d2t()), 1);
     let hub = MockHub::start(src.path(), "org/eagle3-head").unwrap();
     let root = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    let out = runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args([
             "setup",
             "--drafter",
@@ -394,7 +397,7 @@ fn setup_installs_a_published_head_beside_the_model() {
     .unwrap();
     let hub2 = MockHub::start(model.path(), "org/not-a-head").unwrap();
     let root2 = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    let out = runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args([
             "setup",
             "--drafter",

@@ -2,13 +2,16 @@
 //! the ability a drafter that reads the target's hidden states needs. The values themselves are
 //! checked against transformers' `output_hidden_states` in `scripts/hf_reference.py`.
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::sync::Arc;
 
 use deltafin::runtime::observers::HiddenTap;
 use deltafin::{Engine, EngineOptions};
 
 fn fixture(name: &str, dir: &std::path::Path) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    let out = runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args(["fixture", name])
         .arg(dir)
         .output()

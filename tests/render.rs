@@ -4,8 +4,11 @@
 //! compares whole prompts with openai-harmony itself); a refused request is an error line, not a
 //! failed run. On K3: XTML, and `medium` refused as K3's renderer refuses it.
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use deltafin::chat::{encode_marked, ChatFormat, ChatOptions, Harmony, Message};
 use deltafin::models::gpt_oss::fixture::{write_gpt_oss, GptOssShape};
@@ -13,7 +16,7 @@ use deltafin::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 fn render(root: Option<&std::path::Path>, lines: &[Value]) -> Vec<Value> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_deltafin"));
+    let mut cmd = runner::command(env!("CARGO_BIN_EXE_deltafin"));
     cmd.args(["render", "--date", "2026-12-04"]);
     if let Some(r) = root {
         cmd.arg("--model-root").arg(r);

@@ -6,7 +6,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// A server process, killed if a test fails before it stops it.
@@ -27,7 +27,7 @@ fn serve(extra: &[&str]) -> (Server, u16) {
         .unwrap()
         .port();
     let server = Server(
-        Command::new(env!("CARGO_BIN_EXE_deltafin"))
+        common::runner::command(env!("CARGO_BIN_EXE_deltafin"))
             .args(["serve", "--port", &port.to_string(), "--model-root"])
             .arg(common::nano())
             .args(extra)

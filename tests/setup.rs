@@ -71,7 +71,7 @@ fn stream_install_then_run_fetch_and_warm() {
     // The int8 spine converts on a streaming install (no shards: from its BF16 store), to the
     // same bytes as from the checkpoint itself.
     deltafin(&hub, &["convert-spine-int8"], &root, &[]);
-    let st = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    let st = common::runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args(["convert-spine-int8", "--model-root"])
         .arg(src.path())
         .status()

@@ -1,6 +1,9 @@
 //! Our tokenizer loaded with OpenAI's cl100k_base and o200k_base ranks (shipped by tiktoken-rs)
 //! and their split patterns gives exactly tiktoken-rs's ids on a large varied corpus.
 
+#[path = "common/runner.rs"]
+mod runner;
+
 use deltafin::checkpoint::rng::Rng;
 use deltafin::tokenizer::Tokenizer;
 
@@ -88,11 +91,7 @@ fn deltafin(args: &[&str], dir: &std::path::Path) {
 }
 
 fn run_bin(bin: &str, args: &[&str], dir: &std::path::Path) {
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .arg(dir)
-        .output()
-        .unwrap();
+    let out = runner::command(bin).args(args).arg(dir).output().unwrap();
     assert!(
         out.status.success(),
         "{}",

@@ -155,6 +155,12 @@ pub(crate) fn rows(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `effective` returns it only where the CPU has its features.
         Kernel::Vnni512 => unsafe { super::x86_int8::rows_vnni(m, r0, nrows, xs, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Kernel::NeonDot => unsafe { super::neon_int8::rows_dot(m, r0, nrows, xs, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        Kernel::NeonInt8 => unsafe { super::neon_int8::rows_widening(m, r0, nrows, xs, out) },
         _ => rows_scalar(m, r0, nrows, xs, out),
     }
 }

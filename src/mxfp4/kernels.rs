@@ -24,17 +24,23 @@ pub enum Kernel {
     Int8,
     /// Int8 activations with x86-64 AVX-512 VNNI (`vpdpbusd`).
     Vnni512,
+    /// Int8 activations with aarch64's dot-product extension (`sdot`).
+    NeonDot,
+    /// Int8 activations with plain aarch64 NEON (widening multiplies).
+    NeonInt8,
 }
 
 impl Kernel {
     /// Every kernel, exact ones first.
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Scalar,
         Kernel::Avx2,
         Kernel::Avx512,
         Kernel::Neon,
         Kernel::Int8,
         Kernel::Vnni512,
+        Kernel::NeonDot,
+        Kernel::NeonInt8,
     ];
 
     /// The fastest exact kernel this CPU supports (bit-identical to `Scalar`): `--kernel exact`.
@@ -48,16 +54,18 @@ impl Kernel {
     /// The fastest kernel of all (`--kernel fast`): int8 activations where the CPU has a
     /// dot-product instruction for them (only there do they win), else `best`.
     pub fn fastest() -> Kernel {
-        if Kernel::Vnni512.runs_here() {
-            Kernel::Vnni512
-        } else {
-            Kernel::best()
-        }
+        [Kernel::Vnni512, Kernel::NeonDot, Kernel::NeonInt8]
+            .into_iter()
+            .find(|k| k.runs_here())
+            .unwrap_or_else(Kernel::best)
     }
 
     /// Whether this kernel gives the exact path's bits (`Scalar`'s); the int8 ones do not.
     pub fn is_exact(self) -> bool {
-        !matches!(self, Kernel::Int8 | Kernel::Vnni512)
+        !matches!(
+            self,
+            Kernel::Int8 | Kernel::Vnni512 | Kernel::NeonDot | Kernel::NeonInt8
+        )
     }
 
     /// Whether this CPU has what the kernel needs (the plain-Rust ones run everywhere).
@@ -79,6 +87,13 @@ impl Kernel {
             }
             #[cfg(target_arch = "aarch64")]
             Kernel::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(target_arch = "aarch64")]
+            Kernel::NeonDot => {
+                std::arch::is_aarch64_feature_detected!("neon")
+                    && std::arch::is_aarch64_feature_detected!("dotprod")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::NeonInt8 => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]
             _ => false,
         }
@@ -110,6 +125,8 @@ impl Kernel {
             Kernel::Neon => "neon",
             Kernel::Int8 => "int8",
             Kernel::Vnni512 => "avx512-vnni",
+            Kernel::NeonDot => "neon-dot",
+            Kernel::NeonInt8 => "neon-int8",
         }
     }
 }

@@ -11,6 +11,8 @@ pub mod kernels;
 mod metal;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_int8;
 pub mod op;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;

@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 
 pub mod reference;
+pub mod runner;
 pub mod spec;
 
 use std::path::PathBuf;
@@ -113,7 +114,7 @@ pub fn deltafin_on_hub(
     root: &std::path::Path,
     env: &[(&str, &str)],
 ) -> std::process::Output {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"));
+    let mut c = runner::command(env!("CARGO_BIN_EXE_deltafin"));
     c.args(args)
         .arg("--model-root")
         .arg(root)
@@ -127,7 +128,7 @@ pub fn deltafin_on_hub(
 
 /// Runs the `deltafin` binary with `args` (one rayon thread) and returns its output.
 pub fn deltafin_cmd(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_deltafin"))
+    runner::command(env!("CARGO_BIN_EXE_deltafin"))
         .args(args)
         .env("RAYON_NUM_THREADS", "1")
         .output()
@@ -147,7 +148,7 @@ pub fn k3_tools_ok(args: &[&str]) -> std::process::Output {
 
 /// Runs K3's tools binary `deltafin-k3` with `args` (one rayon thread).
 pub fn k3_tools_cmd(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_deltafin-k3"))
+    runner::command(env!("CARGO_BIN_EXE_deltafin-k3"))
         .args(args)
         .env("RAYON_NUM_THREADS", "1")
         .output()

@@ -131,7 +131,8 @@ pub enum BenchKind {
         /// Timed runs per figure.
         #[arg(long, default_value_t = 5)]
         runs: usize,
-        /// Kernel: scalar, avx2, avx512, neon, int8, avx512-vnni (default: the best exact one).
+        /// Kernel: scalar, avx2, avx512, neon, int8, avx512-vnni, neon-dot, neon-int8 (default: the
+        /// best exact one).
         #[arg(long)]
         kernel: Option<String>,
         /// Thread counts to measure, comma-separated.
