@@ -5,7 +5,8 @@
 #   2. cross-builds and runs the library's unit tests (every MXFP4 kernel, exact and int8,
 #      against its scalar reference on odd sizes, tails, zero and subnormal scales) twice:
 #      under qemu's `-cpu max` (NEON with the dot-product extension: `Kernel::NeonDot`) and
-#      under `-cpu cortex-a53` (ARMv8.0 without it: the fallbacks `Kernel::NeonInt8`);
+#      under `-cpu cortex-a53` (ARMv8.0 without it: the fallbacks `Kernel::NeonInt8`); the dense
+#      spine's NEON kernels against the portable one the same way;
 #   3. runs end-to-end test files whose spawned binaries go through the same runner
 #      (tests/common/runner.rs reads CARGO_TARGET_<TRIPLE>_RUNNER): $E2E below;
 #   4. ARM64 = x86-64: `deltafin logits` (a prompt, routes and a greedy continuation) on K3-nano,
@@ -16,8 +17,8 @@
 #      differently: K3-nano differs by 3e-6) and 1e-3 with `fast` (such a difference can move
 #      an input across an int8 rounding boundary: one step is 1/127 of its group's largest).
 # The cross-build's target directory lives in the user's cache (like the reference venvs), so a
-# clean clone rebuilds only this crate: about 8 minutes on 2 cores the first time, about 3 after;
-# then about 3 minutes emulated (both printed at the end). Needs target/release/deltafin (native)
+# clean clone rebuilds only this crate: 10 minutes on 2 cores the first time (609 s measured),
+# about 3 after (182 s); then about 75 s emulated (both printed at the end). Needs target/release/deltafin (native)
 # built first.
 #   scripts/check_aarch64.sh [WORK_DIR]      # default target/aarch64-check
 set -euo pipefail

@@ -291,7 +291,9 @@ fn queued_streams_get_keepalives_and_run_in_order() {
 
 /// Large prompts are tokenized off the async runtime after a slot is reserved: while four 4 MiB
 /// prompts arrive at once (one tokenizes, the others get 429 at once), `/v1/models` keeps
-/// answering within 100 ms; the tokenized prompt is over the context limit and gets 400 naming it.
+/// answering (at least 10 answers while the prompts are in; a blocked runtime answers one or two,
+/// counted rather than timed so a slow machine passes); the tokenized prompt is over the context
+/// limit and gets 400 naming it.
 #[test]
 fn large_prompts_do_not_block_and_over_context_is_400() {
     let _heavy = HEAVY.write().unwrap_or_else(|e| e.into_inner());
@@ -311,20 +313,24 @@ fn large_prompts_do_not_block_and_over_context_is_400() {
         })
         .collect();
     let mut worst = Duration::ZERO;
-    let mut probes = 0;
+    let (mut probes, mut during) = (0, 0);
     while done.load(std::sync::atomic::Ordering::SeqCst) < 4 {
         let t0 = Instant::now();
         let (st, _, _) = http(addr, "GET", "/v1/models", "");
         assert_eq!(st, 200);
         worst = worst.max(t0.elapsed());
         probes += 1;
+        if done.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+            during += 1;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     let results: Vec<(u16, String, String)> = big.into_iter().map(|h| h.join().unwrap()).collect();
-    eprintln!("{probes} probes, slowest {worst:?}");
+    eprintln!("{probes} probes ({during} while the prompts were in), slowest {worst:?}");
     assert!(
-        worst < Duration::from_millis(100),
-        "/v1/models took {worst:?}"
+        during >= 10,
+        "only {during} of {probes} /v1/models answers while the prompts were in (slowest \
+         {worst:?}): the runtime was blocked"
     );
     let statuses: Vec<u16> = results.iter().map(|r| r.0).collect();
     assert!(statuses.contains(&400), "{statuses:?}");

@@ -145,10 +145,10 @@ impl<'a> DenseMatrix<'a> {
 
     /// `out[t] = W[r] · xs[t]` with the fastest kernel (all kernels agree bit for bit).
     pub fn dot_row_multi(&self, r: usize, xs: &[&[f32]], out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if use_avx512() {
-            // SAFETY: AVX-512F was detected; sizes were checked by the caller.
-            unsafe { super::dense_x86::dot_row_multi(self, r, xs, out) };
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        if use_simd() {
+            // SAFETY: the feature was detected; sizes were checked by the caller.
+            unsafe { simd::dot_row_multi(self, r, xs, out) };
             return;
         }
         for (o, x) in out.iter_mut().zip(xs) {
@@ -231,36 +231,47 @@ impl<'a> DenseMatrix<'a> {
 
 static PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Keeps the dense kernels off AVX-512 for the rest of the process (the binary sets it from
+/// Keeps the dense kernels off their SIMD twins (AVX-512, NEON) for the rest of the process (the binary sets it from
 /// `DELTAFIN_PORTABLE_DENSE`, to compare kernels); call it before the first matrix runs.
 pub fn use_portable_kernels() {
     PORTABLE.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// The SIMD twin of the portable kernel on this architecture (bit-identical to it).
+#[cfg(target_arch = "aarch64")]
+use super::dense_neon as simd;
 #[cfg(target_arch = "x86_64")]
-fn use_avx512() -> bool {
+use super::dense_x86 as simd;
+
+/// Whether the SIMD twin runs: the CPU has it (AVX-512F, NEON) and the portable kernel was not
+/// asked for.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn use_simd() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        std::is_x86_feature_detected!("avx512f")
-            && !PORTABLE.load(std::sync::atomic::Ordering::Relaxed)
+        #[cfg(target_arch = "x86_64")]
+        let has = std::is_x86_feature_detected!("avx512f");
+        #[cfg(target_arch = "aarch64")]
+        let has = std::arch::is_aarch64_feature_detected!("neon");
+        has && !PORTABLE.load(std::sync::atomic::Ordering::Relaxed)
     })
 }
 
-/// Decode (one input row): rows `r0..r0+n` eight (then four) at a time with the AVX-512 kernel (a single
+/// Decode (one input row): rows `r0..r0+n` eight (then four) at a time with the SIMD kernel (a single
 /// row's lane chain is add-latency bound); returns how many leading rows it computed (0 where
 /// the kernel is unavailable).
 fn rows_in_flight(m: &DenseMatrix, r0: usize, n: usize, x: &[f32], out: &mut [f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx512() {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if use_simd() {
         let mut k = 0;
         while k + 8 <= n {
-            // SAFETY: AVX-512F was detected; rows r0+k..r0+k+8 exist and x has m.cols values.
-            unsafe { super::dense_x86::dot_rows::<8>(m, r0 + k, x, &mut out[k..k + 8]) };
+            // SAFETY: the feature was detected; rows r0+k..r0+k+8 exist and x has m.cols values.
+            unsafe { simd::dot_rows::<8>(m, r0 + k, x, &mut out[k..k + 8]) };
             k += 8;
         }
         while k + 4 <= n {
-            // SAFETY: AVX-512F was detected; rows r0+k..r0+k+4 exist and x has m.cols values.
-            unsafe { super::dense_x86::dot_rows::<4>(m, r0 + k, x, &mut out[k..k + 4]) };
+            // SAFETY: the feature was detected; rows r0+k..r0+k+4 exist and x has m.cols values.
+            unsafe { simd::dot_rows::<4>(m, r0 + k, x, &mut out[k..k + 4]) };
             k += 4;
         }
         return k;
@@ -270,13 +281,13 @@ fn rows_in_flight(m: &DenseMatrix, r0: usize, n: usize, x: &[f32], out: &mut [f3
 }
 
 /// Several input rows (a batched pass, a prefill chunk): rows `r0..r0+n` four at a time against
-/// up to four inputs at a time with the AVX-512 block kernel (16 lane chains in flight, each
+/// up to four inputs at a time with the SIMD block kernel (16 lane chains in flight, each
 /// chunk of weights widened once per four inputs); writes `out[t * n + k]` and returns how many
 /// leading rows it computed (0 where the kernel is unavailable).
 fn rows_batched(m: &DenseMatrix, r0: usize, n: usize, xs: &[&[f32]], out: &mut [f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if use_avx512() {
-        use super::dense_x86::dot_block;
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if use_simd() {
+        use simd::dot_block;
         const R: usize = 4;
         let t = xs.len();
         let mut block = [0f32; R * 4];
@@ -286,7 +297,7 @@ fn rows_batched(m: &DenseMatrix, r0: usize, n: usize, xs: &[&[f32]], out: &mut [
             while t0 < t {
                 let nt = (t - t0).min(4);
                 let x = &xs[t0..t0 + nt];
-                // SAFETY: AVX-512F was detected; rows r0+k..r0+k+R exist, every input row has
+                // SAFETY: the feature was detected; rows r0+k..r0+k+R exist, every input row has
                 // m.cols values (checked by `gemm`) and `block` holds R·nt values.
                 unsafe {
                     match nt {

@@ -5,6 +5,8 @@
 //! weights: a matrix borrows its bytes from whoever holds them (a spine layer, an expert).
 
 pub mod dense;
+#[cfg(target_arch = "aarch64")]
+mod dense_neon;
 #[cfg(target_arch = "x86_64")]
 mod dense_x86;
 
