@@ -10,6 +10,17 @@ use std::arch::x86_64::*;
 use super::format::Mxfp4Matrix;
 use super::int8::{reduce16, Q8Input, E2M1_X2, PAIR, WEIGHT_OFFSET};
 
+/// Doubled E2M1 values plus `WEIGHT_OFFSET`, by nibble: the byte shuffle's table.
+const LUT_U: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (E2M1_X2[i] as i32 + WEIGHT_OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
+
 /// Weight rows per tile.
 const ROWS: usize = 3;
 
@@ -81,11 +92,7 @@ unsafe fn tile<const R: usize, const T: usize>(
     let groups = m.groups();
     let pairs = xs[0].pairs;
     let full = groups / 2;
-    let mut lut_u = [0u8; 16];
-    for (u, w) in lut_u.iter_mut().zip(E2M1_X2) {
-        *u = (w as i32 + WEIGHT_OFFSET) as u8;
-    }
-    let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(lut_u.as_ptr() as *const __m128i));
+    let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(LUT_U.as_ptr() as *const __m128i));
     let low4 = _mm512_set1_epi8(0x0F);
     // Lanes 0-3 and 8-11 take group 2p, lanes 4-7 and 12-15 group 2p + 1.
     let base = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
