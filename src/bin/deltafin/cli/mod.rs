@@ -9,7 +9,9 @@ pub mod events;
 mod fixture;
 pub mod install;
 pub mod logits;
+mod plan;
 pub mod prompt_cache;
+pub mod reference;
 mod render;
 mod reply;
 pub mod run;
@@ -77,6 +79,13 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Generate from a prompt (text, chat, or token ids).
     Run(run::RunArgs),
+    /// Print the memory plan a model would be opened under (from its config and shard headers;
+    /// no weight is read), with the memory flags of `run`; a plan that does not fit is refused
+    /// with what to change.
+    Plan(plan::PlanArgs),
+    /// Print this command line's reference as Markdown (docs/cli.md).
+    #[command(hide = true)]
+    CliReference,
     /// Print every prompt position's logits, the routes and a greedy continuation as JSON (for
     /// checks against another implementation).
     Logits(logits::LogitsArgs),
@@ -152,6 +161,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Run(a) => run::run(&a)?,
+        Command::Plan(a) => plan::run(&a)?,
+        Command::CliReference => {
+            print!(
+                "{}",
+                reference::markdown(<Cli as clap::CommandFactory>::command())
+            )
+        }
         Command::Logits(a) => logits::run(&a)?,
         Command::Eagle3Logits(a) => draft_logits::run(&a)?,
         Command::DflashLogits(a) => draft_logits::run_dflash(&a)?,

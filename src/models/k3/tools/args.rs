@@ -19,6 +19,9 @@ pub struct Cli {
 /// The tools.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Print this command line's reference as Markdown (docs/cli-k3.md).
+    #[command(hide = true)]
+    CliReference,
     /// Train a byte-level BPE tokenizer in K3's format (`tiktoken.model` + `tokenizer_config.json`
     /// with K3's 256 specials after the ranks) on text files, with K3's split pattern.
     TrainTokenizer {

@@ -16,6 +16,8 @@ mod homes;
 mod mapped;
 mod prefill;
 mod prompt_cache;
+#[path = "../../../bin/deltafin/cli/reference.rs"]
+mod reference;
 mod spine;
 mod train;
 
@@ -37,6 +39,13 @@ fn main() -> anyhow::Result<()> {
         Command::Train(a) => train::run(&a),
         Command::CompareFp32(a) => train::compare_fp32(&a),
         Command::Bench { kind } => bench(kind),
+        Command::CliReference => {
+            print!(
+                "{}",
+                reference::markdown(<Cli as clap::CommandFactory>::command())
+            );
+            Ok(())
+        }
     }
 }
 
