@@ -74,6 +74,11 @@ pub mod spine;
 pub mod tokenizer;
 pub mod training;
 
+/// The README's Rust example, compiled and run as a doc test so the front page cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 // The front door, at the root: what the README's library example uses.
 pub use engine::{ChatTurn, Engine, EngineOptions, Session, SessionSnapshot};
 pub use error::{Error, Result};

@@ -1,5 +1,29 @@
 //! `ExpertProvider`: the only way the MoE layer gets routed-expert bytes. Each expert is handed
 //! over as its raw canonical span (the six tensors in `ExpertLayout` order, no padding).
+//!
+//! The tiered store over any checkpoint a family indexes (here the built-in K3-tiny): the
+//! experts a layer's router picks are requested together and read in parallel, from the RAM
+//! tier when there, else the disk cache, the shards or the hub.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use deltafin::checkpoint::Inventory;
+//! use deltafin::experts::{ExpertProvider, TieredExperts, TieredOptions};
+//! # fn main() -> deltafin::Result<()> {
+//! let root = deltafin::assets::k3_tiny()?;
+//! let inv = Arc::new(Inventory::from_dir(&root)?);
+//! let index = deltafin::models::family(&root)?.expert_index(&root, &inv)?;
+//! let layer = index.spans.iter().position(|s| !s.is_empty()).expect("a MoE layer");
+//! let span = index.layout.span_bytes() as usize;
+//! let store = TieredExperts::new(Arc::new(index), Some(inv), None, &TieredOptions::default())?;
+//! let bytes = store.fetch(layer, &[0, 3])?; // two experts' spans, in request order
+//! assert!(bytes.iter().all(|b| b.len() == span));
+//! let again = store.fetch(layer, &[3])?; // now from the RAM tier
+//! assert_eq!(again[0][..], bytes[1][..]);
+//! let stats = store.stats();
+//! assert_eq!((stats.shard_experts, stats.ram_experts), (2, 1));
+//! # Ok(()) }
+//! ```
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;

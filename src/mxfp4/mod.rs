@@ -2,6 +2,27 @@
 //! fused dequant + GEMV kernels (scalar, AVX2, AVX-512, NEON) that never build the fp32 matrix.
 //! Usable on borrowed bytes (`gemv`, `gemm`) and as a Candle op (`matvec`). The int8-activation
 //! kernels (`int8.rs`, `Kernel::fastest`) trade the exact bits for speed.
+//!
+//! On borrowed bytes, and the same product as a Candle op on a tensor:
+//!
+//! ```
+//! use deltafin::mxfp4::{self, Mxfp4Matrix, Mxfp4Weights};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A 2 x 64 matrix: E2M1 codes two per byte (low nibble first), one E8M0 scale per 32 values.
+//! let packed = vec![0x22u8; 2 * 64 / 2]; // every code is 2, the value 1.0
+//! let scales = [127u8, 127, 128, 128]; // row 0 scaled by 2^0, row 1 by 2^1
+//! let x: Vec<f32> = (0..64).map(|i| i as f32).collect();
+//! let mut y = [0f32; 2];
+//! mxfp4::gemv(&Mxfp4Matrix::new(&packed, &scales, 2, 64)?, &x, &mut y)?;
+//! assert_eq!(y, [2016.0, 4032.0]); // the sum of 0..64, then twice it
+//!
+//! // quantize: f32 weights to the same format; matvec: x · Wᵀ on a Candle tensor.
+//! let (packed, scales) = mxfp4::quantize(&[1.0f32; 2 * 64], 2, 64);
+//! let w = Mxfp4Weights::new(packed, scales, 2, 64)?;
+//! let xt = candle::Tensor::from_vec(x, (1, 64), &candle::Device::Cpu)?;
+//! assert_eq!(mxfp4::matvec(&xt, &w)?.to_vec2::<f32>()?, [[2016.0, 2016.0]]);
+//! # Ok(()) }
+//! ```
 
 pub mod expert;
 pub mod format;
