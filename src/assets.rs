@@ -1,5 +1,5 @@
 //! The built-in model, K3-tiny: a small model of K3's exact architecture trained on public-domain
-//! English (`deltafin train`, README "K3-tiny"), committed in K3's on-disk format under
+//! English (`deltafin-k3 train`, docs/k3-tiny.md), committed in K3's on-disk format under
 //! `assets/k3-tiny/`. `run`, `serve`, `eval` and the chat example use it when no model root is
 //! given. Owns only where that directory is.
 
