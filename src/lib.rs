@@ -11,8 +11,12 @@
 //! plan), `installed` (an install's manifest and expert store), `moe` (gating, the expert as a
 //! value, the executor), `compute` (the device seam), `spine` (dense weights), `experts` (the
 //! tiered expert store), `mxfp4` and `kernels` (fused kernels and their Candle ops),
-//! `checkpoint` (safetensors headers, the inventory, expert spans), `hub`, `chat`, `tokenizer`,
-//! `fsio`, `progress` and `assets` (the built-in K3-tiny).
+//! `checkpoint` (safetensors headers, the inventory, expert spans), `layers` (what families with
+//! key/value rows share), `drafters` (EAGLE-3, DFlash and DSpark heads), `hub`, `chat`,
+//! `tokenizer`, `measure` (bounds measured in the same run), `training` (what trainers share),
+//! `fsio`, `progress`, `alloc_count`, `error` and `assets` (the built-in K3-tiny). Runnable
+//! examples: below, and in `experts` (the tiered store) and `mxfp4` (the fused kernel and its
+//! Candle op); `examples/stream_moe.rs` streams a model no family covers.
 //!
 //! The front door is an [`Engine`] (one loaded model under the memory plan) and its
 //! [`Session`]s (one conversation each; a turn feeds only what is new). On K3-tiny, the

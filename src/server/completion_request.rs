@@ -4,7 +4,9 @@
 
 use serde_json::Value;
 
-use super::validate::{alternatives, check_fields, object, sampling, ApiError, Sampling};
+use super::validate::{
+    alternatives, check_fields, object, sampling, ApiError, Sampling, COMPLETION,
+};
 
 /// A validated completion request.
 #[derive(Debug, Clone)]
@@ -81,7 +83,7 @@ fn completion_prompt(v: Option<&Value>) -> Result<CompletionPrompt, ApiError> {
 /// Validates a completion request body.
 pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     let m = object(body)?;
-    check_fields(&m, &["prompt", "echo"])?;
+    check_fields(&m, COMPLETION)?;
     let prompt = completion_prompt(m.get("prompt"))?;
     let mut sampling = sampling(&m)?;
     sampling.logprobs = match m.get("logprobs") {

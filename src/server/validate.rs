@@ -103,6 +103,20 @@ const COMMON: &[&str] = &[
     "presence_penalty",
     "frequency_penalty",
 ];
+/// The fields only chat completions take.
+pub(super) const CHAT: &[&str] = &[
+    "messages",
+    "reasoning_effort",
+    "max_completion_tokens",
+    "thinking",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+];
+/// The fields only completions take.
+pub(super) const COMPLETION: &[&str] = &["prompt", "echo"];
 const UNSUPPORTED: &[&str] = &[
     "functions",
     "function_call",
@@ -300,20 +314,7 @@ fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
 /// Parses and checks a chat completion body: a request, or a 400 naming the field.
 pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let m = object(body)?;
-    check_fields(
-        &m,
-        &[
-            "messages",
-            "reasoning_effort",
-            "max_completion_tokens",
-            "thinking",
-            "top_logprobs",
-            "tools",
-            "tool_choice",
-            "parallel_tool_calls",
-            "response_format",
-        ],
-    )?;
+    check_fields(&m, CHAT)?;
     let messages = super::messages::messages(&m)?;
     let effort = match m.get("reasoning_effort") {
         None | Some(Value::Null) => None,
@@ -409,5 +410,44 @@ fn response_format(v: Option<&Value>) -> Result<Option<JsonFormat>, ApiError> {
         other => Err(bad(format!(
             "`response_format` type `{other}` is not one of text, json_object, json_schema"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CHAT, COMMON, COMPLETION, UNSUPPORTED};
+
+    /// docs/server.md's table of request fields lists exactly the fields the server accepts
+    /// (and the ones it refuses by name), so the guide cannot drift from the parser.
+    #[test]
+    fn the_guide_lists_every_request_field() {
+        let doc = include_str!("../../docs/server.md");
+        let start = doc
+            .find("## Request fields")
+            .expect("a request-fields section");
+        let table: Vec<&str> = doc[start..]
+            .lines()
+            .skip(1)
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .collect();
+        let listed: Vec<&str> = table
+            .iter()
+            .filter_map(|row| row.split('`').nth(1))
+            .collect();
+        let mut known: Vec<&str> = [COMMON, CHAT, COMPLETION, UNSUPPORTED].concat();
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        known.sort_unstable();
+        assert_eq!(sorted, known, "docs/server.md's request fields");
+        for row in &table {
+            let field = row.split('`').nth(1).unwrap_or_default();
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let (chat, completion) = (cells[2] == "yes", cells[3] == "yes");
+            let want_chat = COMMON.contains(&field) || CHAT.contains(&field);
+            let want_completion = COMMON.contains(&field) || COMPLETION.contains(&field);
+            assert_eq!((chat, completion), (want_chat, want_completion), "{field}");
+        }
     }
 }
