@@ -105,6 +105,12 @@ fi
 
 # 3. Runs, alternating. A cgroup (when asked) holds each run with the page cache dropped first.
 cg="" lb_extra=()
+if [ "$outtype" = q8_0 ]; then
+  # On a CPU with AMX, llama.cpp 11434's repacked Q8_0 weights leave one of K3's ops with no
+  # backend (GGML_ASSERT(*cur_backend_id != -1) in ggml_backend_sched_split_graph); unrepacked,
+  # they run with its VNNI dot products.
+  lb_extra=(--repack 0)
+fi
 if [ -n "$cgroup_gb" ]; then
   # llama-bench's default load copies (repacks) the experts into anonymous memory: in a cgroup
   # below the model it is OOM-killed; mapped and not repacked, it runs (paging).
