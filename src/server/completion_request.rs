@@ -4,9 +4,8 @@
 
 use serde_json::Value;
 
-use super::validate::{
-    alternatives, check_fields, object, sampling, ApiError, Sampling, COMPLETION,
-};
+use super::fields::{check_fields, object, COMPLETION};
+use super::validate::{alternatives, sampling, ApiError, Sampling};
 
 /// A validated completion request.
 #[derive(Debug, Clone)]

@@ -15,6 +15,7 @@
 //! This file holds the settings, the shared state and the router.
 
 pub mod completion_request;
+mod fields;
 mod guard;
 mod handlers;
 mod listen;
