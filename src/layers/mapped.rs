@@ -10,7 +10,7 @@ use memmap2::Mmap;
 use safetensors::Dtype;
 
 use crate::checkpoint::Inventory;
-use crate::kernels::dense::{gemm, DenseData, DenseMatrix};
+use crate::kernels::dense::{gemm, DenseData, DenseKernel, DenseMatrix};
 use crate::{Error, Result};
 
 /// Where one stored matrix or vector lies.
@@ -73,6 +73,8 @@ pub fn matrix(inv: &Inventory, name: &str, rows: usize, cols: usize) -> Result<S
 /// Every shard of a checkpoint, mapped read-only.
 pub struct Mapped {
     maps: Vec<Mmap>,
+    /// The host arithmetic of its matrices.
+    kernel: DenseKernel,
 }
 
 impl Mapped {
@@ -88,7 +90,10 @@ impl Mapped {
                 unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&p, e))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Mapped { maps })
+        Ok(Mapped {
+            maps,
+            kernel: DenseKernel::Exact,
+        })
     }
 
     /// Bytes mapped (resident once touched: never re-read per token).
@@ -106,6 +111,11 @@ impl Mapped {
         &self.maps[s.shard][s.start..s.end]
     }
 
+    /// Computes every matrix from now on with `kernel` (`LoadOptions::dense_kernel`).
+    pub fn set_kernel(&mut self, kernel: DenseKernel) {
+        self.kernel = kernel;
+    }
+
     /// `s` as a dense-kernel matrix.
     pub fn dense(&self, s: &Stored) -> Result<DenseMatrix<'_>> {
         let b = self.bytes(s);
@@ -113,7 +123,7 @@ impl Mapped {
             Dtype::F32 => DenseData::F32(b),
             _ => DenseData::Bf16(b),
         };
-        DenseMatrix::new(data, s.rows, s.cols)
+        Ok(DenseMatrix::new(data, s.rows, s.cols)?.with_kernel(self.kernel))
     }
 
     /// A `[n]` BF16 or F32 vector `name`, widened.

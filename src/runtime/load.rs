@@ -4,6 +4,7 @@
 //! Owns the options only, no loading.
 
 use crate::experts::{DiskCache, TieredOptions};
+use crate::kernels::dense::DenseKernel;
 use crate::mxfp4::Kernel;
 use crate::spine::source::SpineChoice;
 
@@ -40,6 +41,9 @@ pub struct LoadOptions {
     /// The MXFP4 expert kernel (`--kernel`): `Kernel::best()` (exact, the default) or
     /// `Kernel::fastest()` (int8 activations where the CPU has VNNI; see `mxfp4::int8`).
     pub kernel: Kernel,
+    /// The dense (spine) matrices' arithmetic (`--kernel`): `DenseKernel::Exact` (the default)
+    /// or `DenseKernel::Fast` (fused multiply-adds; see `kernels::dense_fma`).
+    pub dense_kernel: DenseKernel,
 }
 
 impl Default for LoadOptions {
@@ -58,6 +62,7 @@ impl Default for LoadOptions {
             cache: None,
             direct_spine: None,
             kernel: Kernel::best(),
+            dense_kernel: DenseKernel::Exact,
         }
     }
 }

@@ -28,6 +28,8 @@ pub(super) struct Inner {
     pub(super) pool: Arc<BufPool>,
     /// Streamed layers (store files or shard gathers) are read with parallel `O_DIRECT` requests.
     pub(super) direct: std::sync::atomic::AtomicBool,
+    /// The host arithmetic every layer's matrices are handed out with.
+    pub(super) kernel: crate::kernels::dense::DenseKernel,
 }
 
 impl Inner {

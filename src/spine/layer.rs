@@ -55,6 +55,8 @@ pub struct LayerData {
     source: Option<String>,
     /// The same bytes on the compute device (a template layer or a pinned copy), if any.
     pub(super) device: Option<super::DeviceCopy>,
+    /// The host arithmetic of its matrices (the spine's `SpineOptions::dense`).
+    pub(super) kernel: crate::kernels::dense::DenseKernel,
 }
 
 impl LayerData {
@@ -71,6 +73,7 @@ impl LayerData {
             entries,
             source: None,
             device: None,
+            kernel: Default::default(),
         }
     }
 
@@ -82,6 +85,7 @@ impl LayerData {
             entries,
             source: None,
             device: None,
+            kernel: Default::default(),
         }
     }
 
@@ -371,6 +375,7 @@ fn from_file_bytes(buf: PooledBuf, len: usize, path: &Path) -> Result<LayerData>
         entries,
         source,
         device: None,
+        kernel: Default::default(),
     })
 }
 

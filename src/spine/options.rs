@@ -31,6 +31,8 @@ pub struct SpineOptions {
     /// Read streamed store layers with parallel `O_DIRECT` requests (for a page cache that
     /// cannot hold them; the engine decides from the memory plan).
     pub direct: bool,
+    /// The arithmetic of the layers' matrices on the host.
+    pub dense: crate::kernels::dense::DenseKernel,
 }
 
 impl std::fmt::Debug for SpineOptions {
@@ -42,6 +44,7 @@ impl std::fmt::Debug for SpineOptions {
             .field("in_flight", &self.in_flight)
             .field("device_side", &self.device_side.is_some())
             .field("direct", &self.direct)
+            .field("dense", &self.dense)
             .finish()
     }
 }
@@ -55,6 +58,7 @@ impl Default for SpineOptions {
             in_flight: 2,
             device_side: None,
             direct: false,
+            dense: Default::default(),
         }
     }
 }

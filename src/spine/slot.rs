@@ -125,7 +125,7 @@ impl LayerData {
                 })
             }
         };
-        let mut m = DenseMatrix::new(data, s.rows, s.cols)?;
+        let mut m = DenseMatrix::new(data, s.rows, s.cols)?.with_kernel(self.kernel);
         m.device = self
             .device
             .as_deref()

@@ -50,6 +50,7 @@ fn load_pinned(
     for (l, p) in pin.iter().enumerate() {
         pinned.push(if *p {
             let mut d = inner.load_pinned(l)?;
+            d.kernel = inner.kernel;
             if let Some(g) = gpu {
                 g.pin(&mut d)?;
             }
@@ -147,6 +148,7 @@ impl Spine {
             format,
             pool: BufPool::new(opts.in_flight.max(1)),
             direct: opts.direct.into(),
+            kernel: opts.dense,
         });
         let gpu = opts.device_side.clone();
         // A pinned layer on the GPU also has a device copy (the host one serves the host-side
@@ -189,6 +191,7 @@ impl Spine {
             }
         };
         check_embedding(&embed.1, embed.0.len())?;
+        global.kernel = opts.dense;
         if let Some(g) = &gpu {
             g.pin(&mut global)?;
         }
@@ -209,6 +212,11 @@ impl Spine {
     /// The device small tensors are placed on.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The host arithmetic of the layers' matrices.
+    pub fn kernel(&self) -> crate::kernels::dense::DenseKernel {
+        self.inner.kernel
     }
 
     /// The format in use.
@@ -413,6 +421,7 @@ impl Pass<'_> {
             )));
         }
         let mut data = data?;
+        data.kernel = self.spine.inner.kernel;
         self.spine.count_streamed(l);
         if let Some(g) = &self.spine.gpu {
             g.upload(&mut data)?;

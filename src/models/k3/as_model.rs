@@ -111,6 +111,7 @@ impl Model for K3Model {
         serde_json::json!({
             "device": crate::compute::device::describe(K3Model::device(self)),
             "kernel": self.options.kernel.effective().name(),
+            "dense_kernel": self.spine().kernel().effective().name(),
             "spine": self.spine().report(),
         })
     }

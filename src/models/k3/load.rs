@@ -195,6 +195,7 @@ impl K3Model {
                 choice: o.spine,
                 pin: Some(plan.pinned.clone()),
                 device_side: crate::compute::spine_device(device),
+                dense: o.dense_kernel,
                 ..Default::default()
             },
         )?);

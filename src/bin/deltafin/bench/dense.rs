@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 use super::pool;
 use deltafin::checkpoint::rng::Rng;
-use deltafin::kernels::dense::{gemm, quantize_row_int8, DenseData, DenseMatrix};
+use deltafin::kernels::dense::{gemm, quantize_row_int8, DenseData, DenseKernel, DenseMatrix};
 use deltafin::measure::memory::against_memory;
 use deltafin::Result;
 
@@ -26,6 +26,8 @@ pub struct DenseBenchOptions {
     pub threads: Vec<usize>,
     /// Input rows per call.
     pub rows: Vec<usize>,
+    /// The arithmetic to measure (each on both formats).
+    pub kernels: Vec<DenseKernel>,
 }
 
 impl Default for DenseBenchOptions {
@@ -35,6 +37,7 @@ impl Default for DenseBenchOptions {
             runs: 5,
             threads: vec![1, 2],
             rows: vec![1],
+            kernels: vec![DenseKernel::Exact],
         }
     }
 }
@@ -86,14 +89,18 @@ pub fn dense_bench(
             serde_json::json!({"bench": "dense", "format": format, "matrix": [ROWS, COLS],
             "matrices": n, "working_set_gb": gb, "runs": opts.runs}),
         );
-        for &t in &opts.threads {
-            for &r in &opts.rows {
+        for (&t, &r, &k) in opts.threads.iter().flat_map(|t| {
+            opts.rows
+                .iter()
+                .flat_map(move |r| opts.kernels.iter().map(move |k| (t, r, k)))
+        }) {
+            {
                 let p = pool(t)?;
                 let fig = p.install(|| {
                     let mut y = vec![0f32; ROWS * r];
                     against_memory(&words, opts.runs, gb, || {
                         for m in &mats {
-                            gemm(m, &x[..COLS * r], r, &mut y)?;
+                            gemm(&m.with_kernel(k), &x[..COLS * r], r, &mut y)?;
                             std::hint::black_box(&y);
                         }
                         Ok(())
@@ -104,6 +111,10 @@ pub fn dense_bench(
                 j["format"] = format.into();
                 j["threads"] = t.into();
                 j["rows"] = r.into();
+                j["kernel"] = k.effective().name().into();
+                // Multiply-adds per second: two flops per weight per input row.
+                j["gflops"] =
+                    (2.0 * (ROWS * COLS * n * r) as f64 * fig.kernel.median / gb / 1e9).into();
                 // Seconds per input row over the whole set, from the median rate.
                 j["ms_per_row"] = (gb / fig.kernel.median / r as f64 * 1e3).into();
                 emit(j);

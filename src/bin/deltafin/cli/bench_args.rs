@@ -122,6 +122,10 @@ pub enum BenchKind {
         /// Input rows per call (1: decode; more: a batched pass), comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1")]
         rows: Vec<usize>,
+        /// Arithmetic to measure, comma-separated: exact, fast (fused multiply-adds with
+        /// AVX-512F; elsewhere exact).
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "exact")]
+        kernel: Vec<super::store::KernelArg>,
     },
     /// Fused MXFP4 GEMV on K3-size expert matrices vs the measured memory read bandwidth.
     Mxfp4 {

@@ -165,6 +165,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
             runs,
             threads,
             rows,
+            kernel,
         } => {
             let threads: Vec<usize> = threads.into_iter().filter(|&t| t > 0).collect();
             let rows: Vec<usize> = rows.into_iter().filter(|&t| t > 0).collect();
@@ -176,6 +177,7 @@ pub fn run(kind: BenchKind) -> anyhow::Result<()> {
                 runs: runs.max(1),
                 threads,
                 rows: if rows.is_empty() { vec![1] } else { rows },
+                kernels: kernel.iter().map(|k| k.dense()).collect(),
             };
             crate::bench::dense::dense_bench(&opts, |line| println!("{line}"))?;
         }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use deltafin::experts::{CacheAdvice, DiskCache, TieredOptions};
+use deltafin::kernels::dense::DenseKernel;
 use deltafin::mxfp4::Kernel;
 use deltafin::runtime::load::CacheRam;
 use deltafin::runtime::load::LoadOptions;
@@ -67,9 +68,10 @@ pub struct StoreArgs {
     /// exists, else the CPU), cpu, or metal.
     #[arg(long, value_enum, default_value = "auto")]
     pub device: deltafin::compute::device::DeviceChoice,
-    /// MXFP4 expert kernel: exact (fp32, bit-identical to the reference kernel) or fast (int8
-    /// activations with AVX-512 VNNI where the CPU has it: about 1.4x the expert kernel's
-    /// prefill speed, about 1% error per matrix; see docs/correctness.md).
+    /// Kernels: exact (fp32, bit-identical to the reference kernels) or fast (experts: int8
+    /// activations with AVX-512 VNNI where the CPU has it, about 1.4x the expert kernel's
+    /// prefill speed, about 1% error per matrix; dense spine matrices: fused multiply-adds
+    /// with AVX-512F, about 1.7x at 64 rows; see docs/correctness.md).
     #[arg(long, value_enum, default_value = "exact")]
     pub kernel: KernelArg,
 }
@@ -89,6 +91,14 @@ impl KernelArg {
         match self {
             KernelArg::Fast => Kernel::fastest(),
             KernelArg::Exact => Kernel::best(),
+        }
+    }
+
+    /// The spine's arithmetic this choice asks for (fast only where the CPU has it).
+    pub fn dense(self) -> DenseKernel {
+        match self {
+            KernelArg::Fast => DenseKernel::Fast,
+            KernelArg::Exact => DenseKernel::Exact,
         }
     }
 }
@@ -148,6 +158,7 @@ impl StoreArgs {
             direct_spine: None,
             prompt_cache: CacheRam::Off,
             kernel: self.kernel.kernel(),
+            dense_kernel: self.kernel.dense(),
         })
     }
 }
