@@ -161,8 +161,8 @@ fn fast_kernel_equals_its_reference_at_every_batch_size() {
                             "[{rows},{cols}] t {t} row {r}"
                         );
                         let (mut sum, mut abs) = (0f64, 0f64);
-                        for c in 0..cols {
-                            let p = exact.get(r, c) as f64 * x[c] as f64;
+                        for (c, &xc) in x.iter().enumerate() {
+                            let p = exact.get(r, c) as f64 * xc as f64;
                             sum += p;
                             abs += p.abs();
                         }

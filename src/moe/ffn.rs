@@ -5,7 +5,7 @@
 //! bytes (the fused MXFP4 and dense kernels; no fp32 copy of a weight). Knows no model.
 
 use crate::checkpoint::{Dtype, ExpertLayout};
-use crate::kernels::dense::{DenseData, DenseMatrix};
+use crate::kernels::dense::{DenseData, DenseKernel, DenseMatrix};
 use crate::mxfp4::{self, Kernel, Mxfp4Matrix, GROUP};
 use crate::{Error, Result};
 
@@ -314,7 +314,15 @@ fn apply(
     let mut ys = vec![0f32; t * rows];
     match w {
         Weights::Mxfp4(m) => mxfp4::gemm_with(kernel, m, xs, t, &mut ys, parallel)?,
-        Weights::Dense(m) => crate::kernels::dense::gemm(m, xs, t, &mut ys)?,
+        // BF16 experts follow the MXFP4 choice: `--kernel fast` (a non-exact kernel) fuses
+        // their multiply-adds too.
+        Weights::Dense(m) => {
+            let dense = match kernel.is_exact() {
+                true => DenseKernel::Exact,
+                false => DenseKernel::Fast,
+            };
+            crate::kernels::dense::gemm(&m.with_kernel(dense), xs, t, &mut ys)?
+        }
     }
     if let Some(b) = bias {
         for row in ys.chunks_exact_mut(rows.max(1)) {
