@@ -15,7 +15,9 @@
 #      routes identical, logits within 1e-5 relative with `exact` (the MXFP4 kernels are
 #      bit-identical to the scalar reference on both; libm and candle's CPU ops may round
 #      differently: K3-nano differs by 3e-6) and 1e-3 with `fast` (such a difference can move
-#      an input across an int8 rounding boundary: one step is 1/127 of its group's largest).
+#      an input across an int8 rounding boundary: one step is 1/127 of its group's largest;
+#      and x86-64 fuses the spine's multiply-adds, `DenseKernel::Fast`, where ARM64 keeps the
+#      exact dense kernel).
 # The cross-build's target directory lives in the user's cache (like the reference venvs), so a
 # clean clone rebuilds only this crate: 10 minutes on 2 cores the first time (609 s measured),
 # about 3 after (182 s); then about 75 s emulated (both printed at the end). Needs target/release/deltafin (native)

@@ -381,7 +381,8 @@ pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()>
         return Ok(());
     }
     let rows = m.rows;
-    let xr: Vec<&[f32]> = xs.chunks(m.cols.max(1)).collect();
+    // One (possibly empty) slice per input row, also when the rows have no columns.
+    let xr: Vec<&[f32]> = (0..t).map(|i| &xs[i * m.cols..(i + 1) * m.cols]).collect();
     let work = |tile: usize, out: &mut [f32]| {
         // out holds rows tile*ROW_TILE.. for every t: [t][n]
         let r0 = tile * ROW_TILE;

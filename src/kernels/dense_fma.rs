@@ -54,6 +54,9 @@ pub(crate) fn reference_dot(m: &DenseMatrix, r: usize, x: &[f32]) -> f32 {
 
 /// `ys[t] = W xs[t]`; the caller checked the sizes and `runs_here`.
 pub(crate) fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) {
+    if t == 0 || m.rows == 0 {
+        return;
+    }
     let xp = pack_inputs(xs, m.cols);
     let rows = m.rows;
     let tiles = rows.div_ceil(ROW_TILE);

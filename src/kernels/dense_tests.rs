@@ -124,9 +124,9 @@ fn gemm_matches_f64_and_is_row_exact() {
 }
 
 /// `DenseKernel::Fast`: the SIMD kernel equals its plain-Rust statement (`reference_dot`) bit
-/// for bit in every format, at every batch size (rows 70: blocks of 8 and 4 and lone rows;
-/// columns 45 and 7: a masked last chunk; 96: none), and stays within fp32 accumulation of
-/// the f64 sum, as the exact kernel does.
+/// for bit in every format, at every batch size (0 to 13 input rows: every block shape, 8 or 4
+/// rows by 1 to 6 inputs and lone rows; columns 45 and 7: a masked last chunk; 96: none; 0),
+/// and stays within fp32 accumulation of the f64 sum, as the exact kernel does.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn fast_kernel_equals_its_reference_at_every_batch_size() {
@@ -135,7 +135,7 @@ fn fast_kernel_equals_its_reference_at_every_batch_size() {
         return;
     }
     let mut rng = Rng::new(17);
-    for (rows, cols) in [(70, 45), (70, 96), (5, 7)] {
+    for (rows, cols) in [(70, 45), (70, 96), (5, 7), (3, 0)] {
         let (f, bf, q, sc) = formats(&mut rng, rows, cols);
         for data in [
             DenseData::F32(&f),
@@ -145,7 +145,7 @@ fn fast_kernel_equals_its_reference_at_every_batch_size() {
             let exact = DenseMatrix::new(data, rows, cols).unwrap();
             let fast = exact.with_kernel(DenseKernel::Fast);
             let mut differ = 0;
-            for t in [1, 2, 3, 4, 7, 13] {
+            for t in [0, 1, 2, 3, 4, 5, 7, 13] {
                 let xs: Vec<f32> = (0..t * cols).map(|_| rng.normal() as f32).collect();
                 let (mut yf, mut ye) = (vec![0f32; t * rows], vec![0f32; t * rows]);
                 gemm(&fast, &xs, t, &mut yf).unwrap();

@@ -42,7 +42,8 @@ pub struct LoadOptions {
     /// `Kernel::fastest()` (int8 activations where the CPU has VNNI; see `mxfp4::int8`).
     pub kernel: Kernel,
     /// The dense (spine) matrices' arithmetic (`--kernel`): `DenseKernel::Exact` (the default)
-    /// or `DenseKernel::Fast` (fused multiply-adds; see `kernels::dense_fma`).
+    /// or `DenseKernel::Fast` (fused multiply-adds; see `kernels::dense_fma`). BF16 routed
+    /// experts follow `kernel` instead: fused where it is not exact.
     pub dense_kernel: DenseKernel,
 }
 

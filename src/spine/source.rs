@@ -355,6 +355,7 @@ impl Spine {
             return Ok(LayerRef::Pinned(p.clone()));
         }
         let mut d = self.inner.load(l, &BufPool::new(0), 0)?;
+        d.kernel = self.inner.kernel;
         self.count_streamed(l);
         if let Some(g) = &self.gpu {
             g.upload(&mut d)?;

@@ -79,9 +79,10 @@ pub struct StoreArgs {
 /// `--kernel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum KernelArg {
-    /// The fastest kernel (`Kernel::fastest`).
+    /// The fastest kernels: `Kernel::fastest` for the experts, `DenseKernel::Fast` for the
+    /// dense matrices.
     Fast,
-    /// The fastest exact kernel (`Kernel::best`).
+    /// The fastest exact ones: `Kernel::best`, `DenseKernel::Exact`.
     Exact,
 }
 
