@@ -147,7 +147,18 @@ fn metal_fused_experts_match_cpu() {
         ffn.metal_situ().is_some(),
         "K3's expert shape runs on Metal"
     );
-    let got = run_experts(&Device::Metal(dev), Kernel::Scalar, &ffn, &held, &pairs, &z).unwrap();
+    let got = run_experts(
+        &Device::Metal(dev),
+        &deltafin::moe::ExecOptions {
+            kernel: Kernel::Scalar,
+            ..Default::default()
+        },
+        &ffn,
+        &held,
+        &pairs,
+        &z,
+    )
+    .unwrap();
     for (p, &(e, t)) in pairs.iter().enumerate() {
         let ex = Mxfp4Expert::from_span(&spans[e], inter, latent).unwrap();
         let want = ex

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use candle::{DType, Device, IndexOp, Tensor, D};
 use deltafin::checkpoint::{ExpertIndex, Inventory};
 use deltafin::experts::{TieredExperts, TieredOptions};
+use deltafin::kernels::dense::DenseKernel;
 use deltafin::moe::{
     Activation, ExecOptions, ExpertFfn, Gating, GluLayout, Matrix, Part, PartKind, Route,
     RoutedExperts, WeightFormat,
@@ -275,7 +276,7 @@ fn gpt_oss_shaped_block_streams_and_matches_a_dequantised_reference() {
 }
 
 /// Qwen3-MoE's layout: BF16 per-expert `gate_proj`/`up_proj`/`down_proj`, softmax router with
-/// the top-k renormalised, SiLU.
+/// the top-k renormalised, SiLU; exact and with `ExecOptions::dense` fused.
 #[test]
 fn qwen3_moe_shaped_block_streams_and_matches_a_candle_reference() {
     let dir = tempfile::tempdir().unwrap();
@@ -321,6 +322,11 @@ fn qwen3_moe_shaped_block_streams_and_matches_a_candle_reference() {
     let router = Tensor::from_vec(rng.normal(E * WIDTH, 0.3), (E, WIDTH), &Device::Cpu).unwrap();
     let x = Tensor::from_vec(rng.normal(T * WIDTH, 1.0), (T, WIDTH), &Device::Cpu).unwrap();
     let gating = Gating::Softmax { renormalize: true };
+    let fused = ExecOptions {
+        dense: DenseKernel::Fast,
+        ..Default::default()
+    };
+    let mut differ = false;
 
     for l in 0..LAYERS {
         let logits = linear(&x, &router, None);
@@ -358,7 +364,21 @@ fn qwen3_moe_shaped_block_streams_and_matches_a_candle_reference() {
         let want = Tensor::cat(&want, 0).unwrap();
         let rel = max_rel_diff(&got, &want);
         assert!(rel < 1e-4, "layer {l}: max relative difference {rel}");
+        // The BF16 experts in `ExecOptions::dense`'s arithmetic: as close to the reference,
+        // and other bits where the CPU has the fused kernel.
+        let fast = block.forward(l, &x, &routes, &experts, &fused).unwrap();
+        let rel = max_rel_diff(&fast, &want);
+        assert!(
+            rel < 1e-4,
+            "layer {l}, fused: max relative difference {rel}"
+        );
+        let (g, f) = (
+            got.to_vec2::<f32>().unwrap(),
+            fast.to_vec2::<f32>().unwrap(),
+        );
+        differ |= g != f;
     }
+    assert_eq!(differ, DenseKernel::Fast.effective() == DenseKernel::Fast);
 }
 
 /// A stacked part whose shape disagrees with the description is named in the error.

@@ -6,8 +6,6 @@
 //! then a pairwise tree), whatever the number of input rows or threads, so batched and
 //! single-row calls agree bit for bit.
 
-use rayon::prelude::*;
-
 use crate::{Error, Result};
 
 /// Element storage of a dense matrix.
@@ -47,8 +45,9 @@ pub enum DenseKernel {
     /// The weights widened to fp32 and multiplied in fp32, in a fixed order: the reference.
     #[default]
     Exact,
-    /// Fused multiply-adds in the same lanes and tree (`dense_fma`, x86-64 with AVX-512F):
-    /// still batch-independent, not bit-identical to `Exact`. Elsewhere the exact arithmetic.
+    /// Fused multiply-adds in the same lanes and tree (`DenseMatrix::fused_dot_row`; SIMD:
+    /// `dense_fma` on x86-64 with AVX-512F, `dense_neon` on aarch64): still batch-independent,
+    /// the same bits on both, not bit-identical to `Exact`. On other CPUs the exact arithmetic.
     Fast,
 }
 
@@ -61,13 +60,19 @@ impl DenseKernel {
         }
     }
 
-    /// What this choice runs on this CPU: `Fast` only where its kernel exists.
+    /// What this choice runs on this CPU: `Fast` only where a fused SIMD kernel exists (the
+    /// portable form, `f32::mul_add`, is a library call on a CPU without FMA).
     pub fn effective(self) -> DenseKernel {
         #[cfg(target_arch = "x86_64")]
-        if self == DenseKernel::Fast && super::dense_fma::runs_here() {
-            return DenseKernel::Fast;
+        let fused = super::dense_fma::runs_here();
+        #[cfg(target_arch = "aarch64")]
+        let fused = std::arch::is_aarch64_feature_detected!("neon");
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let fused = false;
+        match (self, fused) {
+            (DenseKernel::Fast, true) => DenseKernel::Fast,
+            _ => DenseKernel::Exact,
         }
-        DenseKernel::Exact
     }
 }
 
@@ -165,6 +170,25 @@ impl<'a> DenseMatrix<'a> {
                 dot_with(x, |i| row[i] as i8 as f32) * self.row_scale(r)
             }
         }
+    }
+
+    /// `W[r] · x` in `DenseKernel::Fast`'s arithmetic: `dot_row`'s lanes, order and tree, each
+    /// step one fused multiply-add, a last partial chunk's missing columns zero in both operands
+    /// (`0·0 + acc`, as the SIMD kernels' masked loads give). The SIMD kernels equal it bit for
+    /// bit; it serves where the portable kernels were asked for.
+    pub fn fused_dot_row(&self, r: usize, x: &[f32]) -> f32 {
+        let mut acc = [0f32; LANES];
+        for c0 in (0..self.cols).step_by(LANES) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let c = c0 + j;
+                let (w, xv) = match c < self.cols {
+                    true => (self.get_raw(r, c), x[c]),
+                    false => (0.0, 0.0),
+                };
+                *a = w.mul_add(xv, *a);
+            }
+        }
+        tree(&acc) * self.row_scale(r)
     }
 
     /// The stored value at `[r, c]` before the row scale (int8: `q`; otherwise the weight).
@@ -278,14 +302,14 @@ pub fn use_portable_kernels() {
 
 /// The SIMD twin of the portable kernel on this architecture (bit-identical to it).
 #[cfg(target_arch = "aarch64")]
-use super::dense_neon as simd;
+pub(super) use super::dense_neon as simd;
 #[cfg(target_arch = "x86_64")]
-use super::dense_x86 as simd;
+pub(super) use super::dense_x86 as simd;
 
 /// Whether the SIMD twin runs: the CPU has it (AVX-512F, NEON) and the portable kernel was not
 /// asked for.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn use_simd() -> bool {
+pub(super) fn use_simd() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -295,74 +319,6 @@ fn use_simd() -> bool {
         has && !PORTABLE.load(std::sync::atomic::Ordering::Relaxed)
     })
 }
-
-/// Decode (one input row): rows `r0..r0+n` eight (then four) at a time with the SIMD kernel (a single
-/// row's lane chain is add-latency bound); returns how many leading rows it computed (0 where
-/// the kernel is unavailable).
-fn rows_in_flight(m: &DenseMatrix, r0: usize, n: usize, x: &[f32], out: &mut [f32]) -> usize {
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    if use_simd() {
-        let mut k = 0;
-        while k + 8 <= n {
-            // SAFETY: the feature was detected; rows r0+k..r0+k+8 exist and x has m.cols values.
-            unsafe { simd::dot_rows::<8>(m, r0 + k, x, &mut out[k..k + 8]) };
-            k += 8;
-        }
-        while k + 4 <= n {
-            // SAFETY: the feature was detected; rows r0+k..r0+k+4 exist and x has m.cols values.
-            unsafe { simd::dot_rows::<4>(m, r0 + k, x, &mut out[k..k + 4]) };
-            k += 4;
-        }
-        return k;
-    }
-    let _ = (m, r0, n, x, out);
-    0
-}
-
-/// Several input rows (a batched pass, a prefill chunk): rows `r0..r0+n` four at a time against
-/// up to four inputs at a time with the SIMD block kernel (16 lane chains in flight, each
-/// chunk of weights widened once per four inputs); writes `out[t * n + k]` and returns how many
-/// leading rows it computed (0 where the kernel is unavailable).
-fn rows_batched(m: &DenseMatrix, r0: usize, n: usize, xs: &[&[f32]], out: &mut [f32]) -> usize {
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    if use_simd() {
-        use simd::dot_block;
-        const R: usize = 4;
-        let t = xs.len();
-        let mut block = [0f32; R * 4];
-        let mut k = 0;
-        while k + R <= n {
-            let mut t0 = 0;
-            while t0 < t {
-                let nt = (t - t0).min(4);
-                let x = &xs[t0..t0 + nt];
-                // SAFETY: the feature was detected; rows r0+k..r0+k+R exist, every input row has
-                // m.cols values (checked by `gemm`) and `block` holds R·nt values.
-                unsafe {
-                    match nt {
-                        4 => dot_block::<R, 4>(m, r0 + k, x, &mut block),
-                        3 => dot_block::<R, 3>(m, r0 + k, x, &mut block),
-                        2 => dot_block::<R, 2>(m, r0 + k, x, &mut block),
-                        _ => dot_block::<R, 1>(m, r0 + k, x, &mut block),
-                    }
-                }
-                for tt in 0..nt {
-                    out[(t0 + tt) * n + k..(t0 + tt) * n + k + R]
-                        .copy_from_slice(&block[tt * R..(tt + 1) * R]);
-                }
-                t0 += nt;
-            }
-            k += R;
-        }
-        return k;
-    }
-    let _ = (m, r0, n, xs, out);
-    0
-}
-
-/// Least work (weight bytes × rows of input) worth splitting across threads.
-const PARALLEL_MIN_BYTES: usize = 256 << 10;
-const ROW_TILE: usize = 32;
 
 /// `ys[t] = W xs[t]` for `t` input rows (`xs` `[t, cols]`, `ys` `[t, rows]`).
 pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()> {
@@ -375,57 +331,7 @@ pub fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) -> Result<()>
             m.cols
         )));
     }
-    #[cfg(target_arch = "x86_64")]
-    if m.kernel.effective() == DenseKernel::Fast {
-        super::dense_fma::gemm(m, xs, t, ys);
-        return Ok(());
-    }
-    let rows = m.rows;
-    // One (possibly empty) slice per input row, also when the rows have no columns.
-    let xr: Vec<&[f32]> = (0..t).map(|i| &xs[i * m.cols..(i + 1) * m.cols]).collect();
-    let work = |tile: usize, out: &mut [f32]| {
-        // out holds rows tile*ROW_TILE.. for every t: [t][n]
-        let r0 = tile * ROW_TILE;
-        let n = ROW_TILE.min(rows - r0);
-        let mut one = vec![0f32; t];
-        let done = if t == 1 {
-            rows_in_flight(m, r0, n, xr[0], out)
-        } else {
-            rows_batched(m, r0, n, &xr, out)
-        };
-        for k in done..n {
-            m.dot_row_multi(r0 + k, &xr, &mut one);
-            for tt in 0..t {
-                out[tt * n + k] = one[tt];
-            }
-        }
-    };
-    let tiles = rows.div_ceil(ROW_TILE);
-    let parts: Vec<Vec<f32>> = if m.bytes() * t >= PARALLEL_MIN_BYTES {
-        (0..tiles)
-            .into_par_iter()
-            .map(|i| {
-                let mut o = vec![0f32; t * ROW_TILE.min(rows - i * ROW_TILE)];
-                work(i, &mut o);
-                o
-            })
-            .collect()
-    } else {
-        (0..tiles)
-            .map(|i| {
-                let mut o = vec![0f32; t * ROW_TILE.min(rows - i * ROW_TILE)];
-                work(i, &mut o);
-                o
-            })
-            .collect()
-    };
-    for (i, o) in parts.iter().enumerate() {
-        let r0 = i * ROW_TILE;
-        let n = ROW_TILE.min(rows - r0);
-        for tt in 0..t {
-            ys[tt * rows + r0..tt * rows + r0 + n].copy_from_slice(&o[tt * n..(tt + 1) * n]);
-        }
-    }
+    super::dense_gemm::run(m, xs, t, ys);
     Ok(())
 }
 

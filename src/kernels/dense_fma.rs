@@ -9,83 +9,30 @@
 //!
 //! A column past the last is a zero in both the weights and the input, so every (row, input)
 //! pair runs the same steps into its own accumulators whatever the block, the batch or the
-//! thread: single-row and batched calls agree bit for bit, and equal `reference_dot`. Owns no
-//! weights and no choice of kernel (`dense::gemm` dispatches here).
+//! thread: single-row and batched calls agree bit for bit, and equal
+//! `DenseMatrix::fused_dot_row`. Owns no weights, no tiling across threads and no choice of
+//! kernel (`dense_gemm` drives it).
 
 use std::arch::x86_64::*;
 
-use rayon::prelude::*;
-
 use super::dense::{tree, DenseData, DenseMatrix, LANES};
 
-/// Weight rows per task.
-const ROW_TILE: usize = 32;
-/// Least work (weight bytes × input rows) worth splitting across threads (as the exact kernel).
-const PARALLEL_MIN_BYTES: usize = 256 << 10;
-
-/// Whether this CPU runs the kernel (AVX-512F with BW and VL for the masked narrow loads).
+/// Whether this CPU runs the kernel (AVX-512F with BW and VL for the masked narrow loads; the
+/// FMA and AVX2 features its code is compiled with).
 pub fn runs_here() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
     })
-}
-
-/// The fast arithmetic of one row, lane by lane in plain Rust (`f32::mul_add`): what the SIMD
-/// kernel must equal bit for bit.
-#[cfg(test)]
-pub(crate) fn reference_dot(m: &DenseMatrix, r: usize, x: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for c0 in (0..m.cols).step_by(LANES) {
-        for (j, a) in acc.iter_mut().enumerate() {
-            let c = c0 + j;
-            let (w, xv) = if c < m.cols {
-                (m.get_raw(r, c), x[c])
-            } else {
-                (0.0, 0.0)
-            };
-            *a = w.mul_add(xv, *a);
-        }
-    }
-    tree(&acc) * m.row_scale(r)
-}
-
-/// `ys[t] = W xs[t]`; the caller checked the sizes and `runs_here`.
-pub(crate) fn gemm(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) {
-    if t == 0 || m.rows == 0 {
-        return;
-    }
-    let xp = pack_inputs(xs, m.cols);
-    let rows = m.rows;
-    let tiles = rows.div_ceil(ROW_TILE);
-    let tile = |i: usize| {
-        let r0 = i * ROW_TILE;
-        let n = ROW_TILE.min(rows - r0);
-        let mut o = vec![0f32; t * n];
-        // SAFETY: `runs_here` was checked by the caller; rows r0..r0+n exist, `xp` holds t packed
-        // rows and `o` t·n values.
-        unsafe { tile_rows(m, r0, n, &xp, t, &mut o) };
-        o
-    };
-    let parts: Vec<Vec<f32>> = if m.bytes() * t >= PARALLEL_MIN_BYTES {
-        (0..tiles).into_par_iter().map(tile).collect()
-    } else {
-        (0..tiles).map(tile).collect()
-    };
-    for (i, o) in parts.iter().enumerate() {
-        let r0 = i * ROW_TILE;
-        let n = ROW_TILE.min(rows - r0);
-        for tt in 0..t {
-            ys[tt * rows + r0..tt * rows + r0 + n].copy_from_slice(&o[tt * n..(tt + 1) * n]);
-        }
-    }
 }
 
 /// The input rows zero-padded to whole lanes plus one cache line: rows a multiple of 4 KB
 /// apart would all fall in the same L1 sets.
-fn pack_inputs(xs: &[f32], cols: usize) -> Vec<f32> {
+pub(super) fn pack_inputs(xs: &[f32], cols: usize) -> (Vec<f32>, usize) {
     let stride = cols.next_multiple_of(LANES) + LANES;
     let mut out = vec![0f32; xs.len() / cols.max(1) * stride];
     for (d, s) in out
@@ -94,7 +41,7 @@ fn pack_inputs(xs: &[f32], cols: usize) -> Vec<f32> {
     {
         d[..cols].copy_from_slice(s);
     }
-    out
+    (out, stride)
 }
 
 /// The 16 stored values from element `at` as f32, those from the `left`-th on zero (the row
@@ -168,8 +115,14 @@ unsafe fn direct<const R: usize, const T: usize>(
 /// AVX-512F/BW/VL present; rows `r0..r0+n` exist, `xp` holds `t` packed input rows, `out`
 /// has `t·n` values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn tile_rows(m: &DenseMatrix, r0: usize, n: usize, xp: &[f32], t: usize, out: &mut [f32]) {
-    let xstride = xp.len() / t;
+pub(super) unsafe fn tile_rows(
+    m: &DenseMatrix,
+    r0: usize,
+    n: usize,
+    (xp, xstride): (&[f32], usize),
+    t: usize,
+    out: &mut [f32],
+) {
     let mut t0 = 0;
     while t0 < t {
         let nt = (t - t0).min(6);

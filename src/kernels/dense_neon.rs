@@ -1,6 +1,7 @@
 //! NEON twin of the dense row kernel (`dense_x86.rs`): the same 16 lanes as 4 registers of 4
 //! (`acc[j] += w·x`, a multiply then an add, never fused), the same tail and the same tree, so
-//! results equal the portable kernel bit for bit. Each 16-column chunk of weights is widened
+//! results equal the portable kernel bit for bit; and, with `fused_block`, the same lanes with
+//! one fused multiply-add per step (`DenseKernel::Fast`, equal to `fused_dot_row`). Each 16-column chunk of weights is widened
 //! once for all input rows of a block. Must not change the lane or reduction order `dense.rs`
 //! defines.
 
@@ -46,8 +47,39 @@ unsafe fn widen(data: &DenseData, r: usize, cols: usize, c: usize) -> [float32x4
 /// The CPU must support NEON; `xs` holds `T` rows of `m.cols` values, rows `r0..r0+R` exist
 /// and `out` has `R · T` values.
 #[target_feature(enable = "neon")]
-#[allow(clippy::needless_range_loop)] // lane chains indexed by row and input
 pub unsafe fn dot_block<const R: usize, const T: usize>(
+    m: &DenseMatrix,
+    r0: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
+    block::<R, T, false>(m, r0, xs, out)
+}
+
+/// `dot_block` in `DenseKernel::Fast`'s arithmetic (`DenseMatrix::fused_dot_row`): each lane
+/// step one `vfmaq_f32`, a last partial chunk's missing columns `0·0 + acc`; the same bits as
+/// the x86-64 fused kernel.
+///
+/// # Safety
+/// As `dot_block`.
+#[target_feature(enable = "neon")]
+pub unsafe fn fused_block<const R: usize, const T: usize>(
+    m: &DenseMatrix,
+    r0: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
+    block::<R, T, true>(m, r0, xs, out)
+}
+
+/// `dot_block` (`FUSED` false) and `fused_block` (true).
+///
+/// # Safety
+/// As `dot_block`.
+#[inline]
+#[target_feature(enable = "neon")]
+#[allow(clippy::needless_range_loop)] // lane chains indexed by row and input
+unsafe fn block<const R: usize, const T: usize, const FUSED: bool>(
     m: &DenseMatrix,
     r0: usize,
     xs: &[&[f32]],
@@ -64,7 +96,10 @@ pub unsafe fn dot_block<const R: usize, const T: usize>(
             let xv = [0, 4, 8, 12].map(|o| vld1q_f32(xp.add(o)));
             for k in 0..R {
                 for q in 0..4 {
-                    acc[k][t][q] = vaddq_f32(acc[k][t][q], vmulq_f32(w[k][q], xv[q]));
+                    acc[k][t][q] = match FUSED {
+                        true => vfmaq_f32(acc[k][t][q], w[k][q], xv[q]),
+                        false => vaddq_f32(acc[k][t][q], vmulq_f32(w[k][q], xv[q])),
+                    };
                 }
             }
         }
@@ -77,8 +112,18 @@ pub unsafe fn dot_block<const R: usize, const T: usize>(
             for q in 0..4 {
                 vst1q_f32(a.as_mut_ptr().add(4 * q), acc[k][t][q]);
             }
-            for (j, aj) in a.iter_mut().enumerate().take(cols - full) {
-                *aj += m.get_raw(r, full + j) * xs[t][full + j];
+            if FUSED && cols > full {
+                for (j, aj) in a.iter_mut().enumerate() {
+                    let (w, x) = match full + j < cols {
+                        true => (m.get_raw(r, full + j), xs[t][full + j]),
+                        false => (0.0, 0.0),
+                    };
+                    *aj = w.mul_add(x, *aj);
+                }
+            } else if !FUSED {
+                for (j, aj) in a.iter_mut().enumerate().take(cols - full) {
+                    *aj += m.get_raw(r, full + j) * xs[t][full + j];
+                }
             }
             out[t * R + k] = match m.data {
                 DenseData::I8 { .. } => tree(&a) * m.row_scale(r),

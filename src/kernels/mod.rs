@@ -1,12 +1,15 @@
 //! Host kernels that read weights in their stored form, never copied to an fp32 matrix: the
-//! dense BF16 / F32 / row-int8 GEMV and GEMM (`dense`; its fused multiply-add twin `dense_fma`), and the same as a Candle op on the
-//! host (`HostDense`), so a projection reads its input tensor in place. The MXFP4 kernels are
+//! dense BF16 / F32 / row-int8 GEMV and GEMM (`dense`: the matrices and the reference
+//! arithmetic; `dense_gemm`: the driver; `dense_x86` / `dense_neon`: the SIMD twins;
+//! `dense_fma`: the fused x86-64 kernel), and the same as a Candle op on the host
+//! (`HostDense`), so a projection reads its input tensor in place. The MXFP4 kernels are
 //! `crate::mxfp4`; the Metal kernels are `crate::compute::metal` and `crate::shaders`. Owns no
 //! weights: a matrix borrows its bytes from whoever holds them (a spine layer, an expert).
 
 pub mod dense;
 #[cfg(target_arch = "x86_64")]
 mod dense_fma;
+mod dense_gemm;
 #[cfg(target_arch = "aarch64")]
 mod dense_neon;
 #[cfg(target_arch = "x86_64")]

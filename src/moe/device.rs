@@ -5,9 +5,9 @@
 
 use candle::Device;
 
+use super::ExecOptions;
 use super::ExpertFfn;
 use crate::experts::ExpertBytes;
-use crate::mxfp4::Kernel;
 use crate::Result;
 
 /// One MoE layer's selected experts: pair `(k, t)` runs expert span `spans[k]` on row `t` of
@@ -18,7 +18,7 @@ use crate::Result;
 /// on the host whatever the device.
 pub fn run_experts(
     device: &Device,
-    kernel: Kernel,
+    opts: &ExecOptions,
     ffn: &ExpertFfn,
     spans: &[ExpertBytes],
     pairs: &[(usize, usize)],
@@ -54,7 +54,7 @@ pub fn run_experts(
         .collect::<Result<Vec<_>>>()?;
     let outs: Vec<Vec<f32>> = jobs
         .par_iter()
-        .map(|(span, zs, n)| ffn.forward(kernel, span, zs, *n, false))
+        .map(|(span, zs, n)| ffn.forward(opts, span, zs, *n, false))
         .collect::<Result<_>>()?;
     Ok(outs.concat())
 }

@@ -12,6 +12,7 @@ use candle::{Device, Tensor};
 use super::ffn::ExpertFfn;
 use super::gating::Route;
 use crate::experts::{ExpertBytes, ExpertProvider};
+use crate::kernels::dense::DenseKernel;
 use crate::mxfp4::Kernel;
 use crate::{Error, Result};
 
@@ -20,6 +21,8 @@ use crate::{Error, Result};
 pub struct ExecOptions {
     /// The MXFP4 kernel on the host.
     pub kernel: Kernel,
+    /// The arithmetic of BF16 experts on the host (`LoadOptions::dense_kernel`).
+    pub dense: DenseKernel,
     /// Most experts held at once (a pass can select every expert of a layer).
     pub expert_batch: usize,
 }
@@ -28,6 +31,7 @@ impl Default for ExecOptions {
     fn default() -> Self {
         ExecOptions {
             kernel: Kernel::best(),
+            dense: DenseKernel::Exact,
             expert_batch: 32,
         }
     }
@@ -119,7 +123,7 @@ impl RoutedExperts {
             experts.fetch_each(layer, ids, &mut |got| {
                 let (gi, gb): (Vec<usize>, Vec<_>) =
                     got.iter().map(|(i, b)| (ids[*i], b.clone())).unzip();
-                self.run_group(&gi, &gb, rows, z, device, opts.kernel, &mut ys)
+                self.run_group(&gi, &gb, rows, z, device, opts, &mut ys)
             })?;
         }
         Ok(ys)
@@ -135,7 +139,7 @@ impl RoutedExperts {
         rows: &BTreeMap<usize, Vec<(usize, usize)>>,
         z: &[f32],
         device: &Device,
-        kernel: Kernel,
+        opts: &ExecOptions,
         ys: &mut [f32],
     ) -> Result<()> {
         let (w, k) = (self.ffn.width, self.top_k);
@@ -147,7 +151,7 @@ impl RoutedExperts {
         let slots = ids
             .iter()
             .flat_map(|e| rows[e].iter().map(|&(ti, s)| ti * k + s));
-        let y = super::device::run_experts(device, kernel, &self.ffn, bytes, &pairs, z)?;
+        let y = super::device::run_experts(device, opts, &self.ffn, bytes, &pairs, z)?;
         for (yp, at) in y.chunks_exact(w.max(1)).zip(slots) {
             ys[at * w..(at + 1) * w].copy_from_slice(yp);
         }

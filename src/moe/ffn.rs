@@ -4,9 +4,10 @@
 //! description come the store's `ExpertLayout` and the host forward over an expert's borrowed
 //! bytes (the fused MXFP4 and dense kernels; no fp32 copy of a weight). Knows no model.
 
+use super::ExecOptions;
 use crate::checkpoint::{Dtype, ExpertLayout};
-use crate::kernels::dense::{DenseData, DenseKernel, DenseMatrix};
-use crate::mxfp4::{self, Kernel, Mxfp4Matrix, GROUP};
+use crate::kernels::dense::{DenseData, DenseMatrix};
+use crate::mxfp4::{self, Mxfp4Matrix, GROUP};
 use crate::{Error, Result};
 
 /// How the expert's matrices are stored.
@@ -238,10 +239,10 @@ impl ExpertFfn {
     }
 
     /// `ys[t] = expert(zs[t])` for `t` rows of `zs` `[t, width]` → `[t, width]`, on the host
-    /// with the given MXFP4 kernel; `parallel` splits each matrix's rows across the rayon pool.
+    /// with `opts`' kernels; `parallel` splits each matrix's rows across the rayon pool.
     pub fn forward(
         &self,
-        kernel: Kernel,
+        opts: &ExecOptions,
         bytes: &[u8],
         zs: &[f32],
         t: usize,
@@ -252,20 +253,20 @@ impl ExpertFfn {
         let mut a = vec![0f32; t * inter];
         match &v.up {
             GateUp::Separate(g, u) => {
-                let gs = apply(kernel, g, zs, t, parallel)?;
-                let us = apply(kernel, u, zs, t, parallel)?;
+                let gs = apply(opts, g, zs, t, parallel)?;
+                let us = apply(opts, u, zs, t, parallel)?;
                 for ((ai, gi), ui) in a.iter_mut().zip(&gs).zip(&us) {
                     *ai = self.activation.apply(*gi, *ui);
                 }
             }
             GateUp::Interleaved(gu) => {
-                let h = apply(kernel, gu, zs, t, parallel)?; // [t, 2·inter]
+                let h = apply(opts, gu, zs, t, parallel)?; // [t, 2·inter]
                 for (ai, pair) in a.iter_mut().zip(h.chunks_exact(2)) {
                     *ai = self.activation.apply(pair[0], pair[1]);
                 }
             }
         }
-        apply(kernel, &v.down, &a, t, parallel)
+        apply(opts, &v.down, &a, t, parallel)
     }
 }
 
@@ -301,7 +302,7 @@ pub struct ExpertView<'a> {
 
 /// `W x + b` for `t` rows.
 fn apply(
-    kernel: Kernel,
+    opts: &ExecOptions,
     (w, bias): &WithBias<'_>,
     xs: &[f32],
     t: usize,
@@ -313,15 +314,9 @@ fn apply(
     };
     let mut ys = vec![0f32; t * rows];
     match w {
-        Weights::Mxfp4(m) => mxfp4::gemm_with(kernel, m, xs, t, &mut ys, parallel)?,
-        // BF16 experts follow the MXFP4 choice: `--kernel fast` (a non-exact kernel) fuses
-        // their multiply-adds too.
+        Weights::Mxfp4(m) => mxfp4::gemm_with(opts.kernel, m, xs, t, &mut ys, parallel)?,
         Weights::Dense(m) => {
-            let dense = match kernel.is_exact() {
-                true => DenseKernel::Exact,
-                false => DenseKernel::Fast,
-            };
-            crate::kernels::dense::gemm(&m.with_kernel(dense), xs, t, &mut ys)?
+            crate::kernels::dense::gemm(&m.with_kernel(opts.dense), xs, t, &mut ys)?
         }
     }
     if let Some(b) = bias {

@@ -142,6 +142,8 @@ impl Moe {
         let exec = ExecOptions {
             kernel: options.kernel,
             expert_batch: options.expert_batch,
+            // K3's experts are MXFP4: no dense expert matrix.
+            ..ExecOptions::default()
         };
         let y = self
             .routed

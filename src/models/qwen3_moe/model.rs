@@ -77,6 +77,7 @@ impl Qwen3MoeModel {
         m.pass = opened.plan.prefill_pass.max(1);
         m.exec.expert_batch = opened.plan.expert_batch;
         m.exec.kernel = o.kernel;
+        m.exec.dense = o.dense_kernel;
         m.maps.set_kernel(o.dense_kernel);
         m.plan = Some(opened.plan);
         Ok(m)
