@@ -32,9 +32,10 @@ pub fn runs_here() -> bool {
 
 /// The input rows zero-padded to whole lanes plus one cache line: rows a multiple of 4 KB
 /// apart would all fall in the same L1 sets.
-pub(super) fn pack_inputs(xs: &[f32], cols: usize) -> (Vec<f32>, usize) {
+pub(super) fn pack_inputs(xs: &[f32], cols: usize, t: usize) -> (Vec<f32>, usize) {
     let stride = cols.next_multiple_of(LANES) + LANES;
-    let mut out = vec![0f32; xs.len() / cols.max(1) * stride];
+    // From `t`, not `xs.len() / cols`: rows of no columns still take a (zero) packed row.
+    let mut out = vec![0f32; t * stride];
     for (d, s) in out
         .chunks_exact_mut(stride)
         .zip(xs.chunks_exact(cols.max(1)))

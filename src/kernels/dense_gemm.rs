@@ -21,7 +21,7 @@ pub(super) fn run(m: &DenseMatrix, xs: &[f32], t: usize, ys: &mut [f32]) {
     if m.kernel.effective() == DenseKernel::Fast {
         #[cfg(target_arch = "x86_64")]
         if super::dense::use_simd() {
-            let (xp, stride) = super::dense_fma::pack_inputs(xs, m.cols);
+            let (xp, stride) = super::dense_fma::pack_inputs(xs, m.cols, t);
             // SAFETY: `effective` found the kernel's features; `xp` holds t packed rows.
             run_tiles(m, t, ys, |r0, n, out| unsafe {
                 super::dense_fma::tile_rows(m, r0, n, (&xp, stride), t, out)
