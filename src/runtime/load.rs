@@ -43,7 +43,7 @@ pub struct LoadOptions {
     pub kernel: Kernel,
     /// The dense (spine) matrices' arithmetic (`--kernel`): `DenseKernel::Exact` (the default)
     /// or `DenseKernel::Fast` (fused multiply-adds; see `kernels::dense_fma`). BF16 routed
-    /// experts follow `kernel` instead: fused where it is not exact.
+    /// experts run through the same dense kernels and follow it too (`ExecOptions::dense`).
     pub dense_kernel: DenseKernel,
 }
 

@@ -3,7 +3,7 @@
 
 use candle::{Tensor, D};
 
-use super::ops::rms_normalize;
+use super::ops::{rms_normalize, sum_last_keepdim};
 
 /// AttnRes weights: `w_norm ⊙ w_proj`, precomputed once.
 #[derive(Debug, Clone)]
@@ -25,7 +25,7 @@ impl AttnRes {
     pub fn forward(&self, values: &[&Tensor]) -> candle::Result<Tensor> {
         let v = Tensor::stack(values, 0)?; // [n, T, H]
         let k = rms_normalize(&v, self.eps)?;
-        let s = k.broadcast_mul(&self.query)?.sum(D::Minus1)?; // [n, T]
+        let s = sum_last_keepdim(&k.broadcast_mul(&self.query)?)?.squeeze(D::Minus1)?; // [n, T]
         let p = candle_nn::ops::softmax(&s, 0)?;
         v.broadcast_mul(&p.unsqueeze(D::Minus1)?)?.sum(0)
     }
