@@ -23,8 +23,10 @@ using std::exp;
 using std::fma;
 // Metal's `tanh` is its own (on a Mac it differs from any libm); here it stands in as the Rust
 // side's (`mxfp4::expert::tanh`: f64, rounded once), so the tests compare the shaders' order of
-// operations with identical primitives.
-inline float tanh(float x) { return float(std::tanh(double(x))); }
+// operations with identical primitives. A macro, not a `tanh(float)` overload: libc++ already
+// declares one in the global namespace.
+inline float deltafin_tanh(float x) { return float(std::tanh(double(x))); }
+#define tanh deltafin_tanh
 inline float bits_to_float(uint b) {
     float f;
     std::memcpy(&f, &b, 4);

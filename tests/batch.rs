@@ -277,8 +277,8 @@ impl Drafter for Slow {
 /// In shared passes, as alone, a request's drafting time counts as its pass's: a drafter that
 /// is always right but takes 100 ms a proposal (passes of K3-nano take about a millisecond
 /// alone, and tens of milliseconds while this file's other tests share the two cores: at 25 ms
-/// it failed one full run in four) is turned down by the depth controller to its probes (counting only the pass's own time, it
-/// drafted in every pass).
+/// it failed one full run in four) is turned down by the depth controller to its probes
+/// (counting only the pass's own time, it drafted in every pass).
 #[test]
 fn a_slow_drafter_is_turned_down_in_shared_passes() {
     let e = Arc::new(Engine::open(&common::nano(), &EngineOptions::default()).unwrap());

@@ -294,8 +294,9 @@ impl<'a> DenseMatrix<'a> {
 
 static PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Keeps the dense kernels off their SIMD twins (AVX-512, NEON) for the rest of the process (the binary sets it from
-/// `DELTAFIN_PORTABLE_DENSE`, to compare kernels); call it before the first matrix runs.
+/// Keeps the dense kernels off their SIMD twins (AVX-512, NEON) for the rest of the process
+/// (the binary sets it from `DELTAFIN_PORTABLE_DENSE`, to compare kernels); call it before the
+/// first matrix runs.
 pub fn use_portable_kernels() {
     PORTABLE.store(true, std::sync::atomic::Ordering::Relaxed);
 }

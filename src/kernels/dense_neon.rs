@@ -1,8 +1,8 @@
 //! NEON twin of the dense row kernel (`dense_x86.rs`): the same 16 lanes as 4 registers of 4
 //! (`acc[j] += w·x`, a multiply then an add, never fused), the same tail and the same tree, so
 //! results equal the portable kernel bit for bit; and, with `fused_block`, the same lanes with
-//! one fused multiply-add per step (`DenseKernel::Fast`, equal to `fused_dot_row`). Each 16-column chunk of weights is widened
-//! once for all input rows of a block. Must not change the lane or reduction order `dense.rs`
+//! one fused multiply-add per step (`DenseKernel::Fast`, equal to `fused_dot_row`). Each
+//! 16-column chunk of weights is widened once for all input rows of a block. Must not change the lane or reduction order `dense.rs`
 //! defines.
 
 use std::arch::aarch64::*;

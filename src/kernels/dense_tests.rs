@@ -121,8 +121,10 @@ fn gemm_matches_f64_and_is_row_exact() {
 }
 
 /// `DenseKernel::Fast`: the SIMD kernel (x86-64's `dense_fma`, aarch64's fused NEON blocks)
-/// equals its plain-Rust statement (`DenseMatrix::fused_dot_row`) bit for bit in every format, at every batch size (0 to 13 input rows: every block shape, 8 or 4
-/// rows by 1 to 6 inputs and lone rows; columns 45 and 7: a masked last chunk; 96: none; 0),
+/// equals its plain-Rust statement (`DenseMatrix::fused_dot_row`) bit for bit in every format,
+/// at every batch size (0 to 13 input rows: every block shape of both, 8 or 4 rows by 1 to 6
+/// inputs on x86-64, 4 rows by 1 to 4 on aarch64, and lone rows; columns 45 and 7: a masked
+/// last chunk; 96: none; 0),
 /// and stays within fp32 accumulation of the f64 sum, as the exact kernel does.
 #[test]
 fn fast_kernel_equals_its_reference_at_every_batch_size() {

@@ -26,7 +26,7 @@ fn inv_rms(x: &Tensor, eps: f64) -> candle::Result<Tensor> {
 }
 
 /// `Σ` over the last dimension, kept as a dimension of 1: on the CPU in 16 lanes and the fixed
-/// tree of the dense kernels, the same bits on every architecture; elsewhere candle's sum.
+/// tree of the dense kernels, the same bits on x86-64 and ARM64; elsewhere candle's sum.
 pub fn sum_last_keepdim(x: &Tensor) -> candle::Result<Tensor> {
     let n = x.dim(D::Minus1)?;
     if !x.device().is_cpu() || x.dtype() != DType::F32 || n == 0 {
@@ -88,7 +88,7 @@ pub fn situ(g: &Tensor, u: &Tensor, beta: f64, linear_beta: f64) -> candle::Resu
 }
 
 /// Element-wise `tanh`: on the CPU the routed experts' (`mxfp4::expert::tanh`, the same bits on
-/// every architecture), elsewhere candle's.
+/// x86-64 and ARM64 with glibc), elsewhere candle's.
 fn tanh(x: &Tensor) -> candle::Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != DType::F32 {
         return x.tanh();

@@ -123,7 +123,7 @@ pub enum BenchKind {
         #[arg(long, value_delimiter = ',', default_value = "1")]
         rows: Vec<usize>,
         /// Arithmetic to measure, comma-separated: exact, fast (fused multiply-adds with
-        /// AVX-512F; elsewhere exact).
+        /// AVX-512F on x86-64 and NEON on ARM64; elsewhere exact).
         #[arg(long, value_enum, value_delimiter = ',', default_value = "exact")]
         kernel: Vec<super::store::KernelArg>,
     },

@@ -69,9 +69,9 @@ pub struct StoreArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub device: deltafin::compute::device::DeviceChoice,
     /// Kernels: exact (fp32, bit-identical to the reference kernels) or fast (experts: int8
-    /// activations with AVX-512 VNNI where the CPU has it, about 1.4x the expert kernel's
-    /// prefill speed, about 1% error per matrix; dense spine matrices: fused multiply-adds
-    /// with AVX-512F, about 1.7x at 64 rows; see docs/correctness.md).
+    /// activations with AVX-512 VNNI or ARM64's NEON, about 1.4x the expert kernel's prefill
+    /// speed, about 1% error per matrix; dense spine matrices: fused multiply-adds with
+    /// AVX-512F or NEON, about 1.7x at 64 rows; see docs/correctness.md).
     #[arg(long, value_enum, default_value = "exact")]
     pub kernel: KernelArg,
 }
