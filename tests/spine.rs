@@ -82,6 +82,16 @@ fn resident_streamed_and_mixed_are_bit_identical() {
     let alt = model(d.path(), &alternate);
     assert_eq!(alt.spine().report().layers_pinned, n / 2);
     assert_eq!(bits(&run(&alt)), want, "every other layer pinned");
+    // Mapping streamed layers needs the store: on the shards, an error naming the fix.
+    let no_store = SpineOptions {
+        mapped: true,
+        ..opts(Some(0))
+    };
+    let inv = Arc::new(Inventory::from_dir(d.path()).unwrap());
+    match Spine::open(d.path(), inv, n, &Device::Cpu, &no_store) {
+        Ok(_) => panic!("mapped streaming opened on the shards"),
+        Err(e) => assert!(e.to_string().contains("convert-spine"), "{e}"),
+    }
     // The BF16 store (one read per layer) holds the same bytes as the shards.
     convert_spine(
         &Inventory::from_dir(d.path()).unwrap(),
@@ -94,6 +104,18 @@ fn resident_streamed_and_mixed_are_bit_identical() {
     let store = model(d.path(), &opts(Some(0)));
     assert!(store.spine().report().from_store);
     assert_eq!(bits(&run(&store)), want, "from the BF16 store, streamed");
+    // Mapped for each pass (a budget below one layer), not read into buffers.
+    let mapped = SpineOptions {
+        mapped: true,
+        ..opts(Some(0))
+    };
+    let m = model(d.path(), &mapped);
+    assert_eq!(bits(&run(&m)), want, "from the BF16 store, mapped");
+    assert_eq!(
+        m.spine().bytes_read(),
+        7 * m.spine().report().bytes_read_per_token,
+        "one mapping of each streamed layer per pass"
+    );
     let deep = SpineOptions {
         choice: SpineChoice::Bf16,
         resident_bytes: Some(0),
@@ -104,6 +126,18 @@ fn resident_streamed_and_mixed_are_bit_identical() {
         bits(&run(&model(d.path(), &deep))),
         want,
         "four layers in flight"
+    );
+    // One in flight (a tight memory plan): each layer read when asked for, in the pass's thread.
+    let one = SpineOptions {
+        in_flight: 1,
+        ..deep.clone()
+    };
+    let single = model(d.path(), &one);
+    assert_eq!(bits(&run(&single)), want, "one layer in flight");
+    assert_eq!(
+        single.spine().bytes_read(),
+        7 * single.spine().report().bytes_read_per_token,
+        "one read of each streamed layer per pass"
     );
     // Streamed store layers read with parallel O_DIRECT requests (where the filesystem allows).
     let direct = model(

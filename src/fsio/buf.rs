@@ -162,11 +162,20 @@ impl PooledBuf {
     /// Sound while nobody writes the file in place; this crate publishes every file under a
     /// temporary name and renames it, so a mapping keeps the old inode's bytes.
     pub fn mapped(f: &std::fs::File, path: &std::path::Path) -> Result<Self> {
-        // SAFETY: see above; the mapping is private, so nothing we do writes the file.
+        Self::mapped_as(f, path, memmap2::Advice::WillNeed)
+    }
+
+    /// `mapped`, but read on demand front to back (`Sequential`): for a file larger than the
+    /// memory budget, whose pages the kernel reads ahead and drops again as they are used.
+    pub fn mapped_streaming(f: &std::fs::File, path: &std::path::Path) -> Result<Self> {
+        Self::mapped_as(f, path, memmap2::Advice::Sequential)
+    }
+
+    fn mapped_as(f: &std::fs::File, path: &std::path::Path, a: memmap2::Advice) -> Result<Self> {
+        // SAFETY: see `mapped`; the mapping is private, so nothing we do writes the file.
         let m =
             unsafe { memmap2::MmapOptions::new().map_copy(f) }.map_err(|e| Error::io(path, e))?;
-        m.advise(memmap2::Advice::WillNeed)
-            .map_err(|e| Error::io(path, e))?;
+        m.advise(a).map_err(|e| Error::io(path, e))?;
         Ok(PooledBuf(Inner::Mapped(m)))
     }
 }

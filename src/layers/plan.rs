@@ -56,6 +56,7 @@ pub fn plan(shape: &RowShape, inv: &Inventory, o: &LoadOptions) -> Result<Memory
         small_bytes: tensor(&shape.norm),
         device_copies: false,
         in_flight: 1,
+        largest_store_tensor: None,
         expert_bytes: shape.expert_bytes,
         expert_ram: o.expert_ram,
         prefetch: o.store.prefetch_previous,

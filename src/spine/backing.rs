@@ -30,6 +30,8 @@ pub(super) struct Inner {
     pub(super) direct: std::sync::atomic::AtomicBool,
     /// The host arithmetic every layer's matrices are handed out with.
     pub(super) kernel: crate::kernels::dense::DenseKernel,
+    /// Streamed store layers are mapped for the pass (`SpineOptions::mapped`), not read.
+    pub(super) mapped: bool,
 }
 
 impl Inner {
@@ -52,6 +54,9 @@ impl Inner {
 
     pub(super) fn load(&self, l: usize, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
         match &self.backing {
+            Backing::Files(_) if self.mapped => {
+                super::layer::map_file_streaming(&self.layer_path(l))
+            }
             Backing::Files(_) if self.direct.load(std::sync::atomic::Ordering::Relaxed) => {
                 read_file_direct(&self.layer_path(l), pool, cap)
             }
@@ -87,19 +92,7 @@ pub(super) fn pack_from_shards(
 /// Reads only the small tensors of a spine file (header, then one positioned read each).
 pub(super) fn small_from_file(path: &Path) -> Result<LayerData> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
-    let mut head = vec![0u8; 16];
-    f.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(path, e))?;
-    let n = u64::from_le_bytes(
-        head[8..16]
-            .try_into()
-            .map_err(|_| Error::Msg("short header".into()))?,
-    ) as usize;
-    let mut full = vec![0u8; 16 + n];
-    f.read_exact_at(&mut full, 0)
-        .map_err(|e| Error::io(path, e))?;
-    let entries: Vec<Entry> = parse_header(&full, len, path)?;
+    let entries = header_entries(path)?;
     let mut tensors = Vec::new();
     for e in entries.iter().filter(|e| is_small(&e.shape)) {
         let mut b = vec![0u8; e.len];
@@ -109,6 +102,30 @@ pub(super) fn small_from_file(path: &Path) -> Result<LayerData> {
         tensors.push((e.name.clone(), dtype, e.shape.clone(), b));
     }
     Ok(LayerData::pack(tensors))
+}
+
+/// A spine file's tensor entries, from its header alone.
+fn header_entries(path: &Path) -> Result<Vec<Entry>> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
+    let mut head = vec![0u8; 16];
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io(path, e))?;
+    let n = u64::from_le_bytes(
+        head[8..16]
+            .try_into()
+            .map_err(|_| Error::Msg("short header".into()))?,
+    ) as usize;
+    if n > len {
+        return Err(Error::Msg(format!(
+            "{}: header of {n} bytes in a file of {len}; convert the spine again",
+            path.display()
+        )));
+    }
+    let mut full = vec![0u8; 16 + n];
+    f.read_exact_at(&mut full, 0)
+        .map_err(|e| Error::io(path, e))?;
+    parse_header(&full, len, path)
 }
 
 /// Which layers to pin: as many whole layers as fit in `budget`, in layer order.
@@ -222,5 +239,27 @@ impl Spine {
                 .unwrap_or(0),
         };
         Ok((Self::layer_sizes(&backing, inv, num_layers), global))
+    }
+
+    /// The largest tensor of any layer when the spine `choice` picks comes from store files
+    /// (which a tight memory plan may map instead of read: `SpineOptions::mapped`); `None`
+    /// when it is gathered from the shards.
+    pub fn largest_store_tensor(
+        root: &Path,
+        inv: &Arc<Inventory>,
+        num_layers: usize,
+        choice: SpineChoice,
+    ) -> Result<Option<u64>> {
+        let (Backing::Files(d), _) = Self::backing(root, inv, num_layers, choice)? else {
+            return Ok(None);
+        };
+        let mut largest = 0u64;
+        for l in 0..num_layers {
+            let path = d.join(format!("layer-{l:03}.bin"));
+            for e in header_entries(&path)? {
+                largest = largest.max(e.len as u64);
+            }
+        }
+        Ok(Some(largest))
     }
 }

@@ -340,6 +340,15 @@ pub fn map_file(path: &Path) -> Result<LayerData> {
     from_file_bytes(PooledBuf::mapped(&f, path)?, len, path)
 }
 
+/// A whole store file mapped for one pass over it (a streamed layer larger than the memory
+/// budget): nothing is read ahead of use, and the page cache holds the pages only while they
+/// are read, so the resident part is a few matrices' worth, not the layer.
+pub fn map_file_streaming(path: &Path) -> Result<LayerData> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
+    from_file_bytes(PooledBuf::mapped_streaming(&f, path)?, len, path)
+}
+
 /// `read_file` into a buffer of at least `cap` bytes when a new one must be allocated.
 pub fn read_file_sized(path: &Path, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;

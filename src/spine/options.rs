@@ -33,6 +33,10 @@ pub struct SpineOptions {
     pub direct: bool,
     /// The arithmetic of the layers' matrices on the host.
     pub dense: crate::kernels::dense::DenseKernel,
+    /// Streamed layers are mapped from the store for the pass instead of read into buffers
+    /// (one at a time; the page cache holds a few matrices of the layer, not all of it): for a
+    /// memory budget below one layer. Needs the spine store (an error on the shards).
+    pub mapped: bool,
 }
 
 impl std::fmt::Debug for SpineOptions {
@@ -45,6 +49,7 @@ impl std::fmt::Debug for SpineOptions {
             .field("device_side", &self.device_side.is_some())
             .field("direct", &self.direct)
             .field("dense", &self.dense)
+            .field("mapped", &self.mapped)
             .finish()
     }
 }
@@ -59,6 +64,7 @@ impl Default for SpineOptions {
             device_side: None,
             direct: false,
             dense: Default::default(),
+            mapped: false,
         }
     }
 }

@@ -142,6 +142,13 @@ impl Spine {
     ) -> Result<Spine> {
         let (backing, format) = Self::backing(root, &inv, num_layers, opts.choice)?;
         let layer_bytes = Self::layer_sizes(&backing, &inv, num_layers);
+        if opts.mapped && matches!(backing, Backing::Shards(_)) {
+            return Err(Error::Msg(format!(
+                "{}: streaming layers larger than the memory budget maps them from the spine store; write it first (`deltafin convert-spine --model-root {}`)",
+                root.display(),
+                root.display()
+            )));
+        }
         let inner = Arc::new(Inner {
             backing,
             inv: inv.clone(),
@@ -149,6 +156,7 @@ impl Spine {
             pool: BufPool::new(opts.in_flight.max(1)),
             direct: opts.direct.into(),
             kernel: opts.dense,
+            mapped: opts.mapped,
         });
         let gpu = opts.device_side.clone();
         // A pinned layer on the GPU also has a device copy (the host one serves the host-side
@@ -203,7 +211,12 @@ impl Spine {
             layer_bytes,
             global,
             embed,
-            in_flight: opts.in_flight.max(1),
+            // A mapped layer is read as it is used: map it when the model asks for it.
+            in_flight: if opts.mapped {
+                1
+            } else {
+                opts.in_flight.max(1)
+            },
             stream_cap,
             streamed_read: Default::default(),
         })
@@ -354,7 +367,12 @@ impl Spine {
         if let Some(Some(p)) = self.pinned.get(l) {
             return Ok(LayerRef::Pinned(p.clone()));
         }
-        let mut d = self.inner.load(l, &BufPool::new(0), 0)?;
+        self.streamed(l, self.inner.load(l, &BufPool::new(0), 0))
+    }
+
+    /// A streamed layer's data as read, with the spine's kernel, counted and on the device.
+    fn streamed(&self, l: usize, data: Result<LayerData>) -> Result<LayerRef> {
+        let mut d = data?;
         d.kernel = self.inner.kernel;
         self.count_streamed(l);
         if let Some(g) = &self.gpu {
@@ -363,12 +381,13 @@ impl Spine {
         Ok(LayerRef::Streamed(d))
     }
 
-    /// Starts a forward pass: streamed layers are read ahead in layer order.
+    /// Starts a forward pass: streamed layers are read ahead in layer order, or, with one
+    /// layer in flight (a tight memory plan), each when it is asked for.
     pub fn pass(&self) -> Pass<'_> {
         let streamed: Vec<usize> = (0..self.pinned.len())
             .filter(|&l| self.pinned[l].is_none())
             .collect();
-        if streamed.is_empty() {
+        if streamed.is_empty() || self.in_flight <= 1 {
             return Pass {
                 spine: self,
                 rx: None,
@@ -409,10 +428,12 @@ impl Pass<'_> {
         if let Some(Some(p)) = self.spine.pinned.get(l) {
             return Ok(LayerRef::Pinned(p.clone()));
         }
-        let rx = self
-            .rx
-            .as_ref()
-            .ok_or_else(|| Error::Msg(format!("layer {l} is not available")))?;
+        let Some(rx) = self.rx.as_ref() else {
+            // One layer in flight: read now, into the pool's one buffer (the caller has
+            // dropped the previous layer).
+            let s = self.spine;
+            return s.streamed(l, s.inner.load(l, &s.inner.pool, s.stream_cap));
+        };
         let (got, data) = rx
             .recv()
             .map_err(|_| Error::Msg("the spine loader stopped".into()))?;
@@ -421,13 +442,7 @@ impl Pass<'_> {
                 "spine loader delivered layer {got}, the model asked for {l}"
             )));
         }
-        let mut data = data?;
-        data.kernel = self.spine.inner.kernel;
-        self.spine.count_streamed(l);
-        if let Some(g) = &self.spine.gpu {
-            g.upload(&mut data)?;
-        }
-        Ok(LayerRef::Streamed(data))
+        self.spine.streamed(l, data)
     }
 }
 

@@ -106,6 +106,7 @@ pub fn plan_for(
         small_bytes,
         device_copies: crate::compute::spine_device(device).is_some(),
         in_flight: SpineOptions::default().in_flight,
+        largest_store_tensor: Spine::largest_store_tensor(dir, inv, n, o.spine)?,
         expert_bytes: cfg.expert_span_bytes() as u64,
         expert_ram: o.expert_ram,
         prefetch: o.store.prefetch_previous,
@@ -194,6 +195,8 @@ impl K3Model {
             &SpineOptions {
                 choice: o.spine,
                 pin: Some(plan.pinned.clone()),
+                in_flight: plan.in_flight,
+                mapped: plan.mapped_stream,
                 device_side: crate::compute::spine_device(device),
                 dense: o.dense_kernel,
                 ..Default::default()

@@ -3,6 +3,7 @@
 //! cgroup limit and `/proc/self/status`; must not allocate model memory itself.
 
 mod plan;
+mod plan_choices;
 pub use plan::{MemoryPlan, PlanInputs, PlanLine};
 
 /// Memory figures of this machine (bytes).

@@ -5,7 +5,8 @@
 //! context (and the server's saved states), prefill activations, and the OS reserve. Pure
 //! arithmetic over `PlanInputs`, so every rule is unit-tested.
 
-use super::{reserve, Memory, GB};
+use super::plan_choices::{choose_context, choose_pass, gb, pin_layers, too_small};
+use super::{reserve, Memory};
 use crate::{Error, Result};
 
 /// Everything the plan charges, measured or derived from the config and the checkpoint.
@@ -30,6 +31,10 @@ pub struct PlanInputs {
     pub device_copies: bool,
     /// Streamed layers held at once (the one computing and the one read ahead).
     pub in_flight: usize,
+    /// The largest tensor of any layer when the spine comes from store files, which a plan too
+    /// tight for one streamed layer maps instead of reading (charged this much, the matrix
+    /// being read, in the page cache); `None`: gathered from the shards, never mapped.
+    pub largest_store_tensor: Option<u64>,
     /// Bytes of one routed expert.
     pub expert_bytes: u64,
     /// `--ram-gb` (None: the plan sizes the RAM tier).
@@ -109,6 +114,12 @@ pub struct MemoryPlan {
     pub expert_batch: usize,
     /// Idle buffers the expert readers keep, halved with `expert_batch`.
     pub pool_buffers: usize,
+    /// Streamed spine layers held at once: the family's (2: one computing, the next being
+    /// read), or 1 where two would not fit (the next layer is read after this one is done).
+    pub in_flight: usize,
+    /// Streamed layers are mapped from the store for each pass, not read into buffers: the
+    /// budget holds less than one layer (`SpineOptions::mapped`).
+    pub mapped_stream: bool,
 }
 
 /// Why a plan was not made: the model's floor is over the budget (a smaller expert batch may
@@ -129,21 +140,8 @@ const BATCH_SHARE: u64 = 4;
 /// Largest batch the plan picks on its own.
 const MAX_AUTO_BATCH: usize = 8;
 
-/// Share of the budget the sequence states may take when the plan picks the context.
-const STATE_SHARE: u64 = 10;
-/// Smallest context the plan picks on its own.
-const MIN_AUTO_CONTEXT: usize = 4096;
-/// Share of the budget a layer-major prefill pass may hold.
-const PASS_SHARE: u64 = 10;
-/// Longest pass the plan picks: a pass this long touches every expert of a K3 layer (1 −
-/// (1 − 16/896)^4096 ≈ 1), so a longer one would read nothing less.
-const MAX_PASS: usize = 4096;
 /// Experts the prefetch may hold at most (four layers' worth of a K3 token).
 const PREFETCH_EXPERTS: u64 = 64;
-
-fn gb(b: u64) -> f64 {
-    b as f64 / GB as f64
-}
 
 /// The costs that do not depend on the context or the pass: baseline, small tensors, the tail,
 /// activations, expert reads in flight and the reader pool.
@@ -171,8 +169,27 @@ fn fixed_lines(i: &PlanInputs, copies: u64) -> Vec<(String, u64)> {
     ]
 }
 
-/// The expert RAM tier: `--ram-gb` when it fits in `spare`, else a fifth of `spare` (at most
-/// 4 GiB; the rest pins layers).
+/// The expert RAM tier and the prefetch cap from what the fixed costs leave (`spare`). The
+/// tier: `--ram-gb` when it fits, else a fifth of `spare` (at most 4 GiB; the rest pins
+/// layers), or, where the spine is resident anyway (nothing left to pin), all but the prefetch
+/// cap. The prefetch: 64 experts, at most a tenth of what the tier leaves (of `spare` with a
+/// resident spine); none if that is below one expert.
+fn tier_and_prefetch(i: &PlanInputs, spare: u64) -> Result<(u64, u64)> {
+    let cap = |room: u64| match (PREFETCH_EXPERTS * i.expert_bytes).min(room / 10) {
+        // A cap below one expert could never start a read: prefetch is off.
+        c if i.prefetch && c >= i.expert_bytes => c,
+        _ => 0,
+    };
+    if i.spine_resident && i.expert_ram.is_none() {
+        let prefetch = cap(spare);
+        return Ok((spare - prefetch, prefetch));
+    }
+    let tier = expert_tier(i.expert_ram, spare)?;
+    Ok((tier, cap(spare - tier)))
+}
+
+/// The expert RAM tier as a spine that pins layers leaves it: `--ram-gb` when it fits in
+/// `spare`, else a fifth of `spare` (at most 4 GiB).
 fn expert_tier(asked: Option<u64>, spare: u64) -> Result<u64> {
     match asked {
         Some(r) if r > spare => Err(Error::Msg(format!(
@@ -188,22 +205,42 @@ fn expert_tier(asked: Option<u64>, spare: u64) -> Result<u64> {
 impl MemoryPlan {
     /// Computes the plan; an error names what does not fit and the flags that change it.
     pub fn new(i: &PlanInputs) -> Result<MemoryPlan> {
-        // A tight budget holds fewer expert reads at once before the model is refused.
-        let mut j = i.clone();
-        loop {
-            match Self::within(&j) {
-                Ok(p) => return Ok(p),
-                Err(Refusal::Floor(_)) if j.expert_batch > 1 || j.pool_buffers > 1 => {
-                    j.expert_batch = (j.expert_batch / 2).max(1);
-                    j.pool_buffers = (j.pool_buffers / 2).max(1);
+        // A tight budget holds fewer expert reads at once, then (reading the next spine layer
+        // only after the current one is done) one streamed layer, then (from the store) maps
+        // the streamed layers, before the model is refused.
+        let mut refusal = None;
+        let mut tries = vec![(i.in_flight.max(1), None)];
+        if i.in_flight > 1 {
+            tries.push((1, None));
+        }
+        if let (Some(t), false) = (i.largest_store_tensor, i.device_copies || i.spine_resident) {
+            tries.push((1, Some(t)));
+        }
+        for (depth, mapped) in tries {
+            let mut j = i.clone();
+            j.in_flight = depth;
+            loop {
+                match Self::within(&j, mapped) {
+                    Ok(p) => return Ok(p),
+                    Err(Refusal::Floor(_)) if j.expert_batch > 1 || j.pool_buffers > 1 => {
+                        j.expert_batch = (j.expert_batch / 2).max(1);
+                        j.pool_buffers = (j.pool_buffers / 2).max(1);
+                    }
+                    Err(Refusal::Floor(e)) => {
+                        // The last refusal (the least streaming memory) names the minimum.
+                        refusal = Some(e);
+                        break;
+                    }
+                    Err(Refusal::Other(e)) => return Err(e),
                 }
-                Err(Refusal::Floor(e) | Refusal::Other(e)) => return Err(e),
             }
         }
+        Err(refusal.unwrap_or_else(|| Error::Msg("no memory plan fits".into())))
     }
 
-    /// The plan with `i`'s expert batch and reader buffers as they are.
-    fn within(i: &PlanInputs) -> std::result::Result<MemoryPlan, Refusal> {
+    /// The plan with `i`'s expert batch, reader buffers and layers in flight as they are, or
+    /// with the streamed layers mapped (`mapped`: the largest tensor, charged instead).
+    fn within(i: &PlanInputs, mapped: Option<u64>) -> std::result::Result<MemoryPlan, Refusal> {
         let (limit, source) = match i.limit_override {
             Some(b) => (b, "--memory-gb"),
             None => i.memory.limit(),
@@ -249,7 +286,8 @@ impl MemoryPlan {
         // The pass: the longest power of two (whole chunks, at most the context) within a tenth
         // of the budget that still leaves the model runnable with nothing pinned.
         let base = lines.iter().fold(0u64, |a, l| a.saturating_add(l.1));
-        let need = base.saturating_add(depth * max_layer * copies);
+        let streaming = mapped.unwrap_or(depth * max_layer * copies);
+        let need = base.saturating_add(streaming);
         let prefill_pass = choose_pass(i, context, budget, need);
         lines.push((
             format!("prefill pass ({prefill_pass} positions, layer-major)"),
@@ -262,7 +300,7 @@ impl MemoryPlan {
                 copies * i.layer_bytes.iter().sum::<u64>(),
             )
         } else {
-            ("streamed layers in flight", depth * max_layer * copies)
+            ("streamed layers in flight", streaming)
         };
         let floor = fixed.saturating_add(spine.1);
         if floor > budget {
@@ -276,28 +314,31 @@ impl MemoryPlan {
             )));
         }
         let spare = budget - floor;
-        let expert_ram = expert_tier(i.expert_ram, spare)?;
-        let prefetch_cap = match (PREFETCH_EXPERTS * i.expert_bytes).min((spare - expert_ram) / 10)
-        {
-            // A cap below one expert could never start a read: prefetch is off.
-            c if i.prefetch && c >= i.expert_bytes => c,
-            _ => 0,
-        };
+        let (expert_ram, prefetch_cap) = tier_and_prefetch(i, spare)?;
         lines.push(("expert RAM tier".into(), expert_ram));
         lines.push(("prefetch holdings (cap)".into(), prefetch_cap));
         let left = budget - fixed - expert_ram - prefetch_cap;
         let (pinned, used, streamed_max) = if i.spine_resident {
             let n = i.layer_bytes.len();
             (vec![true; n], i.layer_bytes.iter().sum(), 0)
+        } else if let Some(t) = mapped {
+            let (p, used, max) = pin_layers(i, left.saturating_sub(t), 0, copies);
+            (p, used, max.min(t))
         } else {
             pin_layers(i, left, depth, copies)
         };
         let count = pinned.iter().filter(|p| **p).count();
         lines.push((format!("pinned spine layers ({count})"), used * copies));
-        lines.push((
-            format!("streamed layers in flight ({depth} × largest)"),
-            depth * streamed_max * copies,
-        ));
+        lines.push(match mapped {
+            Some(_) => (
+                "streamed layers mapped (the largest tensor in the page cache)".into(),
+                streamed_max,
+            ),
+            None => (
+                format!("streamed layers in flight ({depth} × largest)"),
+                depth * streamed_max * copies,
+            ),
+        });
         let lines: Vec<PlanLine> = lines
             .into_iter()
             .map(|(what, bytes)| PlanLine { what, bytes })
@@ -318,6 +359,8 @@ impl MemoryPlan {
             max_batch,
             expert_batch: i.expert_batch,
             pool_buffers: i.pool_buffers,
+            in_flight: i.in_flight.max(1),
+            mapped_stream: mapped.is_some(),
         })
     }
 
@@ -347,97 +390,6 @@ impl std::fmt::Display for MemoryPlan {
             self.context
         )
     }
-}
-
-/// The context: the caller's (at most the model's window), else the longest power of two whose
-/// sequence state fits `budget / STATE_SHARE`.
-fn choose_context(i: &PlanInputs, budget: u64, state_at: &dyn Fn(usize) -> u64) -> Result<usize> {
-    match i.context {
-        Some(c) if c > i.max_context => Err(Error::Msg(format!(
-            "--context {c} is over the model's max_position_embeddings ({})",
-            i.max_context
-        ))),
-        Some(c) => Ok(c.max(1)),
-        None => {
-            let share = budget / STATE_SHARE;
-            let mut c = MIN_AUTO_CONTEXT.min(i.max_context).max(1);
-            // Bounded: 2^30 positions is far past any model's window.
-            while c <= i.max_context / 2 && c < 1 << 30 && state_at(c * 2) <= share {
-                c *= 2;
-            }
-            Ok(c)
-        }
-    }
-}
-
-/// The prefill pass: the longest power of two of whole chunks (at most the context and
-/// `MAX_PASS`) within `budget / PASS_SHARE` that still leaves the model runnable with nothing
-/// pinned (`need`: every other fixed cost plus the streamed layers in flight).
-fn choose_pass(i: &PlanInputs, context: usize, budget: u64, need: u64) -> usize {
-    let pass_bytes = |p: usize| (p as u64).saturating_mul(i.pass_row_bytes);
-    let chunk = i.prefill_chunk.max(1);
-    let mut pass = chunk;
-    while pass * 2 <= MAX_PASS.min(context.max(chunk))
-        && pass_bytes(pass * 2) <= budget / PASS_SHARE
-        && need.saturating_add(pass_bytes(pass * 2)) <= budget
-    {
-        pass *= 2;
-    }
-    pass
-}
-
-/// The error for a budget below the model's floor, naming the three largest costs.
-fn too_small(
-    mut big: Vec<(String, u64)>,
-    floor: u64,
-    (budget, limit, reserve): (u64, u64, u64),
-    source: &str,
-) -> Error {
-    big.sort_by_key(|l| std::cmp::Reverse(l.1));
-    let top: Vec<String> = big
-        .iter()
-        .take(3)
-        .map(|(w, b)| format!("{w} {:.2} GB", gb(*b)))
-        .collect();
-    Error::Msg(format!(
-        "the model needs at least {:.2} GB, but the memory budget is {:.2} GB ({:.2} GB {source} − {:.2} GB reserve); largest: {}. Lower --context, or raise --memory-gb if this machine has more",
-        gb(floor),
-        gb(budget),
-        gb(limit),
-        gb(reserve),
-        top.join(", ")
-    ))
-}
-
-/// Pins whole layers in order while the pinned bytes plus the in-flight template buffers (sized
-/// for the largest layer still streamed) fit `left`: which are pinned, their bytes, and the
-/// largest streamed layer.
-fn pin_layers(i: &PlanInputs, left: u64, depth: u64, copies: u64) -> (Vec<bool>, u64, u64) {
-    let cap = i.resident_cap.unwrap_or(u64::MAX);
-    let n = i.layer_bytes.len();
-    let mut pinned = vec![false; n];
-    let mut used = 0u64;
-    for l in 0..n {
-        let b = i.layer_bytes[l];
-        let rest_max = (0..n)
-            .filter(|&k| k != l && !pinned[k])
-            .map(|k| i.layer_bytes[k])
-            .max()
-            .unwrap_or(0);
-        // On Metal a streamed layer also has a device template: in flight costs `copies` too,
-        // and `--spine-resident-gb` counts both copies of a pinned layer.
-        let total = (used + b) * copies;
-        if total <= cap && total + depth * rest_max * copies <= left {
-            pinned[l] = true;
-            used += b;
-        }
-    }
-    let streamed_max = (0..n)
-        .filter(|&k| !pinned[k])
-        .map(|k| i.layer_bytes[k])
-        .max()
-        .unwrap_or(0);
-    (pinned, used, streamed_max)
 }
 
 #[cfg(test)]

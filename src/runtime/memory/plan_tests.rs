@@ -1,3 +1,4 @@
+use super::super::GB;
 use super::*;
 
 /// K3's real spine: layer 0 (KDA + dense), KDA + MoE layers, MLA + MoE layers (spec §2.5).
@@ -24,6 +25,7 @@ fn k3(limit: Option<u64>) -> PlanInputs {
         small_bytes: 60_000_000,
         device_copies: false,
         in_flight: 2,
+        largest_store_tensor: None,
         expert_bytes: 17_547_264,
         expert_ram: None,
         prefetch: true,
@@ -48,8 +50,8 @@ fn k3(limit: Option<u64>) -> PlanInputs {
 
 #[test]
 fn every_consumer_fits_the_budget() {
-    // 10 GB cannot hold lm_head and two layer-0 templates: a clear error, not an OOM.
-    let e = MemoryPlan::new(&k3(Some(10 * GB))).unwrap_err().to_string();
+    // 6 GB cannot hold lm_head and one layer-0 template: a clear error, not an OOM.
+    let e = MemoryPlan::new(&k3(Some(6 * GB))).unwrap_err().to_string();
     assert!(e.contains("--context") && e.contains("in flight"), "{e}");
     for gb_ in [12u64, 16, 23, 64, 512] {
         let p = MemoryPlan::new(&k3(Some(gb_ * GB))).unwrap();
@@ -261,6 +263,11 @@ fn a_resident_spine_comes_before_the_ram_tier() {
         "{p}"
     );
     assert_eq!(resident(24 * GB, None).unwrap().expert_batch, 32);
+    // Nothing is left to pin: the automatic RAM tier takes the whole budget but the prefetch
+    // cap (it was a fifth, and the rest stayed idle).
+    let p = resident(12 * GB, None).unwrap();
+    assert_eq!(p.total, p.limit - p.reserve, "{p}");
+    assert!(p.expert_ram > 4 * GB && p.prefetch_cap > 0, "{p}");
     // Too small for the layers themselves: the error names them.
     let e = resident(6 * GB, None).unwrap_err().to_string();
     assert!(e.contains("dense layers kept resident"), "{e}");
@@ -270,4 +277,50 @@ fn a_resident_spine_comes_before_the_ram_tier() {
     i.reserve_override = Some(GB / 4);
     let e = MemoryPlan::new(&i).unwrap_err().to_string();
     assert!(e.contains("0.25 GB reserve"), "{e}");
+}
+
+/// Where two streamed layers do not fit but one does (K3 at 10 GB: two layer-0 templates are
+/// 4.7 GB), the plan holds one, reading the next after it; where two fit, it keeps two.
+#[test]
+fn a_tight_budget_streams_one_layer_at_a_time() {
+    let line = |p: &MemoryPlan, depth: usize| {
+        p.lines
+            .iter()
+            .find(|l| l.what.contains(&format!("in flight ({depth} ×")))
+            .map(|l| l.bytes)
+    };
+    let p = MemoryPlan::new(&k3(Some(10 * GB))).unwrap();
+    assert_eq!(p.in_flight, 1, "{p}");
+    assert!(p.total <= p.limit - p.reserve, "{p}");
+    assert_eq!(line(&p, 1), Some(k3_layers()[0]), "{p}");
+    // Each depth starts from the family's expert batch: with one layer in flight all 32 fit.
+    assert_eq!(p.expert_batch, 32, "{p}");
+    let p = MemoryPlan::new(&k3(Some(16 * GB))).unwrap();
+    assert_eq!(p.in_flight, 2, "{p}");
+    assert!(line(&p, 2).is_some(), "{p}");
+}
+
+/// Below one streamed layer, a spine from the store is mapped (the largest tensor charged in the
+/// page cache); gathered from the shards (no store), the same budget is refused by name.
+#[test]
+fn a_budget_below_one_layer_maps_the_store() {
+    let tight = |store: Option<u64>| {
+        let mut i = k3(Some(7 * GB));
+        i.largest_store_tensor = store;
+        MemoryPlan::new(&i)
+    };
+    let e = tight(None).unwrap_err().to_string();
+    assert!(e.contains("in flight"), "{e}");
+    // K3's largest spine tensor: a dense MLP projection, 33,792 × 7,168 BF16.
+    let t = 484_442_112;
+    let p = tight(Some(t)).unwrap();
+    assert!(p.mapped_stream && p.in_flight == 1, "{p}");
+    assert!(p.total <= p.limit - p.reserve, "{p}");
+    let mapped = p.lines.iter().find(|l| l.what.contains("mapped")).unwrap();
+    assert_eq!(mapped.bytes, t, "{p}");
+    // Where one layer fits, layers are read, not mapped.
+    let mut i = k3(Some(10 * GB));
+    i.largest_store_tensor = Some(t);
+    let p = MemoryPlan::new(&i).unwrap();
+    assert!(!p.mapped_stream && p.in_flight == 1, "{p}");
 }
