@@ -110,6 +110,7 @@ fn resident_streamed_and_mixed_are_bit_identical() {
         ..opts(Some(0))
     };
     let m = model(d.path(), &mapped);
+    assert!(m.spine().report().mapped && !m.spine().report().direct);
     assert_eq!(bits(&run(&m)), want, "from the BF16 store, mapped");
     assert_eq!(
         m.spine().bytes_read(),
@@ -133,6 +134,7 @@ fn resident_streamed_and_mixed_are_bit_identical() {
         ..deep.clone()
     };
     let single = model(d.path(), &one);
+    assert!(!single.spine().report().mapped);
     assert_eq!(bits(&run(&single)), want, "one layer in flight");
     assert_eq!(
         single.spine().bytes_read(),

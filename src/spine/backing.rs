@@ -1,6 +1,7 @@
-//! Where the spine's bytes come from: the converted store (one file per layer) or the
-//! checkpoint shards (each tensor read in place into one pooled buffer), the layer sizes the
-//! memory plan charges, and the fallback rule for pinning by bytes.
+//! Where the spine's bytes come from: the converted store (one file per layer, read or, for a
+//! budget below one layer, mapped) or the checkpoint shards (each tensor read in place into one
+//! pooled buffer), the layer and largest-tensor sizes the memory plan charges, and the fallback
+//! rule for pinning by bytes.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -42,7 +43,6 @@ impl Inner {
         }
     }
 
-    /// Layer `l` in a buffer from `pool` of at least `cap` bytes.
     /// Layer `l` to keep for the whole run: a store file is mapped (shared with the page cache,
     /// faster than reading it into a buffer, measured), the shards are gathered.
     pub(super) fn load_pinned(&self, l: usize) -> Result<LayerData> {
@@ -52,6 +52,8 @@ impl Inner {
         }
     }
 
+    /// Layer `l` for one pass: mapped (`mapped`), or in a buffer from `pool` of at least `cap`
+    /// bytes.
     pub(super) fn load(&self, l: usize, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
         match &self.backing {
             Backing::Files(_) if self.mapped => {

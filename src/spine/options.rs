@@ -23,7 +23,8 @@ pub struct SpineOptions {
     pub resident_bytes: Option<u64>,
     /// Exactly which layers to pin (the memory plan's choice); wins over `resident_bytes`.
     pub pin: Option<Vec<bool>>,
-    /// Streamed layers in flight (2 = double buffering).
+    /// Streamed layers in flight (2 = double buffering; 1 = each read in the model's thread
+    /// when it asks for it, after the previous one is dropped).
     pub in_flight: usize,
     /// The compute device's side (template layers, pinned copies), from
     /// `compute::spine_device`; `None`: the host kernels read the host bytes.

@@ -22,6 +22,9 @@ pub struct SpineReport {
     pub bytes_read_per_token: u64,
     /// Whether streamed layers are read with `O_DIRECT`.
     pub direct: bool,
+    /// Whether streamed layers are mapped from the store for each pass (a memory budget below
+    /// one layer: `SpineOptions::mapped`).
+    pub mapped: bool,
     /// The store files of the streamed layers (empty when the spine comes from the shards):
     /// the bytes a token re-reads, which a storage bound should be measured on.
     #[serde(skip)]

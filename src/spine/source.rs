@@ -1,11 +1,11 @@
 //! `Spine`: hands the model each layer's dense tensors, from the spine store (one sequential
 //! read per layer, BF16 or row-int8) or from the checkpoint shards. Layers that fit the RAM
 //! budget are pinned; the others stream through a small set of reusable aligned buffers (the CPU
-//! "template layers"), read ahead by a background thread while the previous layer computes.
+//! "template layers"), read ahead by a background thread while the previous layer computes, or,
+//! on a tight memory plan, read (or mapped from the store) when the model asks for each.
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
 use candle::{Device, Tensor};
@@ -21,6 +21,10 @@ use crate::fsio::BufPool;
 use crate::{Error, Result};
 
 pub use super::options::{SpineChoice, SpineOptions};
+pub use pass::Pass;
+
+#[path = "pass.rs"]
+mod pass;
 
 /// A layer's data for one pass: pinned (shared) or streamed (owned for this use).
 pub enum LayerRef {
@@ -249,16 +253,16 @@ impl Spine {
     }
 
     /// Reads streamed layers (store files, or the shards' tensors) with parallel `O_DIRECT`
-    /// requests from now on (or not).
+    /// requests from now on (or not); mapped layers (`SpineOptions::mapped`) stay mapped.
     pub fn set_direct(&self, on: bool) {
         self.inner
             .direct
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether streamed layers are read with `O_DIRECT`.
+    /// Whether streamed layers are read with `O_DIRECT` (never when they are mapped).
     pub fn direct(&self) -> bool {
-        self.inner.direct.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.direct.load(std::sync::atomic::Ordering::Relaxed) && !self.inner.mapped
     }
 
     /// Whether the spine comes from a converted store (rather than the shards).
@@ -358,6 +362,7 @@ impl Spine {
             resident_bytes: self.layer_bytes.iter().sum::<u64>() - streamed_bytes,
             bytes_read_per_token: streamed_bytes,
             direct: self.direct(),
+            mapped: self.inner.mapped && streamed_bytes > 0,
             streamed_files: self.streamed_files(),
         }
     }
@@ -379,78 +384,5 @@ impl Spine {
             g.upload(&mut d)?;
         }
         Ok(LayerRef::Streamed(d))
-    }
-
-    /// Starts a forward pass: streamed layers are read ahead in layer order, or, with one
-    /// layer in flight (a tight memory plan), each when it is asked for.
-    pub fn pass(&self) -> Pass<'_> {
-        let streamed: Vec<usize> = (0..self.pinned.len())
-            .filter(|&l| self.pinned[l].is_none())
-            .collect();
-        if streamed.is_empty() || self.in_flight <= 1 {
-            return Pass {
-                spine: self,
-                rx: None,
-                thread: None,
-            };
-        }
-        let (tx, rx) = sync_channel(self.in_flight.saturating_sub(2));
-        let inner = self.inner.clone();
-        let cap = self.stream_cap;
-        let thread = std::thread::Builder::new()
-            .name("spine-loader".into())
-            .spawn(move || {
-                for l in streamed {
-                    if tx.send((l, inner.load(l, &inner.pool, cap))).is_err() {
-                        return;
-                    }
-                }
-            })
-            .ok();
-        Pass {
-            spine: self,
-            rx: Some(rx),
-            thread,
-        }
-    }
-}
-
-/// One forward pass over the layers.
-pub struct Pass<'a> {
-    spine: &'a Spine,
-    rx: Option<Receiver<(usize, Result<LayerData>)>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Pass<'_> {
-    /// Layer `l`'s data; streamed layers must be asked for in layer order.
-    pub fn layer(&mut self, l: usize) -> Result<LayerRef> {
-        if let Some(Some(p)) = self.spine.pinned.get(l) {
-            return Ok(LayerRef::Pinned(p.clone()));
-        }
-        let Some(rx) = self.rx.as_ref() else {
-            // One layer in flight: read now, into the pool's one buffer (the caller has
-            // dropped the previous layer).
-            let s = self.spine;
-            return s.streamed(l, s.inner.load(l, &s.inner.pool, s.stream_cap));
-        };
-        let (got, data) = rx
-            .recv()
-            .map_err(|_| Error::Msg("the spine loader stopped".into()))?;
-        if got != l {
-            return Err(Error::Msg(format!(
-                "spine loader delivered layer {got}, the model asked for {l}"
-            )));
-        }
-        self.spine.streamed(l, data)
-    }
-}
-
-impl Drop for Pass<'_> {
-    fn drop(&mut self) {
-        self.rx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }

@@ -188,8 +188,8 @@ fn tier_and_prefetch(i: &PlanInputs, spare: u64) -> Result<(u64, u64)> {
     Ok((tier, cap(spare - tier)))
 }
 
-/// The expert RAM tier as a spine that pins layers leaves it: `--ram-gb` when it fits in
-/// `spare`, else a fifth of `spare` (at most 4 GiB).
+/// The expert RAM tier beside a spine that pins layers, or asked for: `--ram-gb` when it fits
+/// in `spare`, else a fifth of `spare` (at most 4 GiB).
 fn expert_tier(asked: Option<u64>, spare: u64) -> Result<u64> {
     match asked {
         Some(r) if r > spare => Err(Error::Msg(format!(
@@ -210,7 +210,9 @@ impl MemoryPlan {
         // the streamed layers, before the model is refused.
         let mut refusal = None;
         let mut tries = vec![(i.in_flight.max(1), None)];
-        if i.in_flight > 1 {
+        // On Metal the device keeps a template per layer kind whatever the host holds, so one
+        // host layer in flight would save less than the charge assumes: not tried there.
+        if i.in_flight > 1 && !i.device_copies {
             tries.push((1, None));
         }
         if let (Some(t), false) = (i.largest_store_tensor, i.device_copies || i.spine_resident) {
@@ -235,7 +237,18 @@ impl MemoryPlan {
                 }
             }
         }
-        Err(refusal.unwrap_or_else(|| Error::Msg("no memory plan fits".into())))
+        let e = refusal.unwrap_or_else(|| Error::Msg("no memory plan fits".into()));
+        match e {
+            // Gathered from the shards, the spine cannot be mapped: say what would allow it.
+            Error::Msg(m)
+                if i.largest_store_tensor.is_none() && !i.spine_resident && !i.device_copies =>
+            {
+                Err(Error::Msg(format!(
+                    "{m}; or write the spine store (`deltafin convert-spine`): a budget below one layer maps its layers"
+                )))
+            }
+            e => Err(e),
+        }
     }
 
     /// The plan with `i`'s expert batch, reader buffers and layers in flight as they are, or
@@ -299,6 +312,8 @@ impl MemoryPlan {
                 "dense layers kept resident",
                 copies * i.layer_bytes.iter().sum::<u64>(),
             )
+        } else if mapped.is_some() {
+            ("streamed layers mapped (the largest tensor)", streaming)
         } else {
             ("streamed layers in flight", streaming)
         };

@@ -310,11 +310,19 @@ fn a_budget_below_one_layer_maps_the_store() {
         MemoryPlan::new(&i)
     };
     let e = tight(None).unwrap_err().to_string();
-    assert!(e.contains("in flight"), "{e}");
+    assert!(
+        e.contains("in flight") && e.contains("convert-spine"),
+        "{e}"
+    );
     // K3's largest spine tensor: a dense MLP projection, 33,792 × 7,168 BF16.
     let t = 484_442_112;
     let p = tight(Some(t)).unwrap();
     assert!(p.mapped_stream && p.in_flight == 1, "{p}");
+    // Below the mapped floor too, the refusal names it (and no store hint: there is one).
+    let mut i = k3(Some(5 * GB));
+    i.largest_store_tensor = Some(t);
+    let e = MemoryPlan::new(&i).unwrap_err().to_string();
+    assert!(e.contains("mapped") && !e.contains("convert-spine"), "{e}");
     assert!(p.total <= p.limit - p.reserve, "{p}");
     let mapped = p.lines.iter().find(|l| l.what.contains("mapped")).unwrap();
     assert_eq!(mapped.bytes, t, "{p}");
