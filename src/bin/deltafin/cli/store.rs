@@ -26,7 +26,7 @@ pub struct StoreArgs {
     /// (default: a tenth of the limit, at least 1.5 GB or a quarter of the limit if less).
     #[arg(long)]
     pub reserve_gb: Option<f64>,
-    /// RAM tier budget for routed experts, in GiB (default: the memory plan's choice, at most 4).
+    /// RAM tier budget for routed experts, in GiB (default: the memory plan's choice: at most 4 beside streamed spine layers, all the spare budget where the dense layers stay resident).
     #[arg(long)]
     pub ram_gb: Option<f64>,
     /// Context limit in tokens (default: the largest power of two whose sequence state takes at
