@@ -67,7 +67,8 @@ fn rss_mb(pid: u32) -> f64 {
 
 /// Memory goes back near where it was after 2,000 idle connections close (the heap is trimmed
 /// after a storm; without it RSS stayed the storm's 20 MB up, and grew with each storm; with
-/// it, 0–5 MB stay, by how the freed buffers lie in the heap).
+/// the trim but glibc's fastbins on, 0–11 MB stayed in about half the storms; with both,
+/// none in 15 of 15).
 #[test]
 fn memory_returns_to_its_baseline_after_a_connection_storm() {
     let (mut server, port) = serve(&[]);
@@ -93,7 +94,7 @@ fn memory_returns_to_its_baseline_after_a_connection_storm() {
         let after = loop {
             std::thread::sleep(Duration::from_millis(250));
             let r = rss_mb(child.id());
-            if r <= before + 10.0 || t.elapsed() > Duration::from_secs(10) {
+            if r <= before + 4.0 || t.elapsed() > Duration::from_secs(10) {
                 break r;
             }
         };
@@ -101,7 +102,7 @@ fn memory_returns_to_its_baseline_after_a_connection_storm() {
             "storm {round}: RSS {before:.1} MB before, {during:.1} MB with 2,000 idle connections, {after:.1} MB after"
         );
         assert!(
-            after <= before + 10.0,
+            after <= before + 4.0,
             "RSS {after:.1} MB after the storm, {before:.1} MB before"
         );
     }
