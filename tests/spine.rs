@@ -117,6 +117,12 @@ fn resident_streamed_and_mixed_are_bit_identical() {
         7 * m.spine().report().bytes_read_per_token,
         "one mapping of each streamed layer per pass"
     );
+    // The first pass learns each layer's use order; the six after it read ahead in it.
+    let ahead = m.spine().read_ahead_bytes();
+    assert!(
+        ahead > 0 && ahead <= 6 * m.spine().report().bytes_read_per_token,
+        "{ahead} bytes read ahead"
+    );
     let deep = SpineOptions {
         choice: SpineChoice::Bf16,
         resident_bytes: Some(0),

@@ -33,6 +33,8 @@ pub(super) struct Inner {
     pub(super) kernel: crate::kernels::dense::DenseKernel,
     /// Streamed store layers are mapped for the pass (`SpineOptions::mapped`), not read.
     pub(super) mapped: bool,
+    /// The read-ahead of mapped layers (when `mapped`).
+    pub(super) ahead: Option<Arc<super::ahead::Readahead>>,
 }
 
 impl Inner {
@@ -57,7 +59,12 @@ impl Inner {
     pub(super) fn load(&self, l: usize, pool: &Arc<BufPool>, cap: usize) -> Result<LayerData> {
         match &self.backing {
             Backing::Files(_) if self.mapped => {
-                super::layer::map_file_streaming(&self.layer_path(l))
+                let path = self.layer_path(l);
+                let mut d = super::layer::map_file_streaming(&path)?;
+                d.ahead = (self.ahead.as_ref())
+                    .and_then(|ra| ra.attach(l, &path, &d.entries))
+                    .map(Box::new);
+                Ok(d)
             }
             Backing::Files(_) if self.direct.load(std::sync::atomic::Ordering::Relaxed) => {
                 read_file_direct(&self.layer_path(l), pool, cap)

@@ -57,6 +57,8 @@ pub struct LayerData {
     pub(super) device: Option<super::DeviceCopy>,
     /// The host arithmetic of its matrices (the spine's `SpineOptions::dense`).
     pub(super) kernel: crate::kernels::dense::DenseKernel,
+    /// For a layer mapped for one pass: its read-ahead, told which tensor is used next.
+    pub(super) ahead: Option<Box<super::ahead::LayerAhead>>,
 }
 
 impl LayerData {
@@ -74,6 +76,7 @@ impl LayerData {
             source: None,
             device: None,
             kernel: Default::default(),
+            ahead: None,
         }
     }
 
@@ -86,6 +89,7 @@ impl LayerData {
             source: None,
             device: None,
             kernel: Default::default(),
+            ahead: None,
         }
     }
 
@@ -134,11 +138,19 @@ impl LayerData {
     fn entry(&self, name: &str) -> Result<&Entry> {
         self.index
             .get(name)
+            .inspect(|&&i| self.touch(i))
             .and_then(|&i| self.entries.get(i))
             .ok_or_else(|| Error::Tensor {
                 name: name.into(),
                 msg: "missing from the layer's spine data".into(),
             })
+    }
+
+    /// Tells a mapped layer's read-ahead that tensor `idx` is used now.
+    pub(super) fn touch(&self, idx: usize) {
+        if let Some(a) = &self.ahead {
+            a.touch(idx);
+        }
     }
 
     pub(super) fn data(&self, e: &Entry) -> Result<&[u8]> {
@@ -385,6 +397,7 @@ fn from_file_bytes(buf: PooledBuf, len: usize, path: &Path) -> Result<LayerData>
         source,
         device: None,
         kernel: Default::default(),
+        ahead: None,
     })
 }
 

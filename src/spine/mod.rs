@@ -1,6 +1,7 @@
 //! The spine: every dense tensor of the model. `source::Spine` hands the model each layer (from the
 //! converted store or the shards, pinned or streamed); `ShardSpine` reads raw tensors from shards.
 
+mod ahead;
 mod backing;
 pub mod convert;
 pub mod device;

@@ -91,6 +91,7 @@ impl LayerData {
     /// The matrix a slot bound at load names: no lookup, only a check that this buffer's
     /// layout is the one the slot was bound against.
     pub fn matrix_at(&self, s: &Slot) -> Result<DenseMatrix<'_>> {
+        self.touch(s.idx);
         let e = self
             .entries
             .get(s.idx)

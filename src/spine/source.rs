@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use candle::{Device, Tensor};
 
+use super::ahead::Readahead;
 use super::backing::{choose_pinned, pack_from_shards, small_from_file, Backing, Inner};
 use super::convert::{global_names, is_small, layer_names, SpineFormat};
 use super::layer::{parse_header, read_file, Entry, LayerData};
@@ -161,6 +162,7 @@ impl Spine {
             direct: opts.direct.into(),
             kernel: opts.dense,
             mapped: opts.mapped,
+            ahead: opts.mapped.then(Readahead::start).flatten(),
         });
         let gpu = opts.device_side.clone();
         // A pinned layer on the GPU also has a device copy (the host one serves the host-side
@@ -263,6 +265,12 @@ impl Spine {
     /// Whether streamed layers are read with `O_DIRECT` (never when they are mapped).
     pub fn direct(&self) -> bool {
         self.inner.direct.load(std::sync::atomic::Ordering::Relaxed) && !self.inner.mapped
+    }
+
+    /// Bytes of mapped layers queued to be read ahead (0 unless layers are mapped:
+    /// `SpineOptions::mapped`).
+    pub fn read_ahead_bytes(&self) -> u64 {
+        self.inner.ahead.as_ref().map_or(0, |ra| ra.queued())
     }
 
     /// Whether the spine comes from a converted store (rather than the shards).
