@@ -353,8 +353,8 @@ pub fn map_file(path: &Path) -> Result<LayerData> {
 }
 
 /// A whole store file mapped for one pass over it (a streamed layer larger than the memory
-/// budget): nothing is read ahead of use, and the page cache holds the pages only while they
-/// are read, so the resident part is a few matrices' worth, not the layer.
+/// budget): the page cache holds the pages only while they are read (and what the spine's
+/// read-ahead asks for next), so the resident part is a few matrices' worth, not the layer.
 pub fn map_file_streaming(path: &Path) -> Result<LayerData> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;

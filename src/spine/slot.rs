@@ -92,6 +92,9 @@ impl LayerData {
     /// layout is the one the slot was bound against.
     pub fn matrix_at(&self, s: &Slot) -> Result<DenseMatrix<'_>> {
         self.touch(s.idx);
+        if let Some(si) = s.scale {
+            self.touch(si);
+        }
         let e = self
             .entries
             .get(s.idx)
