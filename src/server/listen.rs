@@ -33,7 +33,8 @@ const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: applicat
 retry-after: 1\r\nconnection: close\r\ncontent-length: 108\r\n\r\n\
 {\"error\":{\"message\":\"too many open connections\",\"type\":\"server_error\",\"param\":null,\"code\":\"overloaded\"}}";
 
-/// Gives the heap back to the system after a connection storm ends: glibc keeps what
+/// Gives the heap back to the system after a connection storm ends (with fastbins off:
+/// `deltafin::init`): glibc keeps what
 /// thousands of connections' buffers freed (RSS 22 MB before 2,000 idle connections, 42 MB
 /// after they closed, 51 MB after a second storm), so when 256 or more fewer
 /// connections are open than at the peak since the last trim (counted at each accept, looked
@@ -68,21 +69,6 @@ fn trim() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn trim() {}
 
-/// Turns glibc's fastbins off for the process, so that what a storm's connections free
-/// coalesces and the trim can return it: with them, chunks freed after a trim stayed
-/// uncoalesced and 0–11 MB of a 20 MB storm stayed resident in about half of the storms
-/// (0.4 MB in 9 of 9 without them; the thread caches still serve small allocations).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn coalesce_small_frees() {
-    // SAFETY: mallopt only changes an allocator setting; glibc consolidates the fastbins first.
-    unsafe {
-        libc::mallopt(libc::M_MXFAST, 0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn coalesce_small_frees() {}
-
 /// Serves `listener` until `signal()` resolves, then drains (see the module header); a second
 /// `signal()` during the drain ends it at once.
 pub async fn serve_until<F, S>(
@@ -100,7 +86,6 @@ where
         state.cfg.shutdown_grace,
     );
     let app = router(state.clone());
-    coalesce_small_frees();
     let open = Arc::new(AtomicUsize::new(0));
     let (drain, drained) = tokio::sync::watch::channel(false);
     // The most connections open at once since the last trim.
