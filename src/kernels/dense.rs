@@ -140,6 +140,33 @@ impl<'a> DenseMatrix<'a> {
         self
     }
 
+    /// Rows `r0..r0 + n` as a matrix of their own: the same bytes and kernel, no device copy.
+    pub fn row_range(&self, r0: usize, n: usize) -> Result<DenseMatrix<'a>> {
+        if r0 + n > self.rows {
+            return Err(Error::Msg(format!(
+                "dense matrix rows {r0}..{} of {}",
+                r0 + n,
+                self.rows
+            )));
+        }
+        let c = self.cols;
+        let data = match self.data {
+            DenseData::F32(b) => DenseData::F32(&b[4 * r0 * c..4 * (r0 + n) * c]),
+            DenseData::Bf16(b) => DenseData::Bf16(&b[2 * r0 * c..2 * (r0 + n) * c]),
+            DenseData::I8 { q, scales } => DenseData::I8 {
+                q: &q[r0 * c..(r0 + n) * c],
+                scales: &scales[2 * r0..2 * (r0 + n)],
+            },
+        };
+        Ok(DenseMatrix {
+            data,
+            rows: n,
+            cols: c,
+            device: None,
+            kernel: self.kernel,
+        })
+    }
+
     /// Weight bytes read per use.
     pub fn bytes(&self) -> usize {
         match self.data {

@@ -124,7 +124,8 @@ fn gemm_matches_f64_and_is_row_exact() {
 /// equals its plain-Rust statement (`DenseMatrix::fused_dot_row`) bit for bit in every format,
 /// at every batch size (0 to 13 input rows: every block shape of both, 8 or 4 rows by 1 to 6
 /// inputs on x86-64, 4 rows by 1 to 4 on aarch64, and lone rows; columns 45 and 7: a masked
-/// last chunk; 96: none; 0),
+/// last chunk; 96: none; 0; 1100: two whole column passes of the x86-64 kernel and a short
+/// one ending in a masked chunk),
 /// and stays within fp32 accumulation of the f64 sum, as the exact kernel does.
 #[test]
 fn fast_kernel_equals_its_reference_at_every_batch_size() {
@@ -132,7 +133,7 @@ fn fast_kernel_equals_its_reference_at_every_batch_size() {
         return;
     }
     let mut rng = Rng::new(17);
-    for (rows, cols) in [(70, 45), (70, 96), (5, 7), (3, 0)] {
+    for (rows, cols) in [(70, 45), (70, 96), (5, 7), (3, 0), (37, 1100)] {
         let (f, bf, q, sc) = formats(&mut rng, rows, cols);
         for data in views(&f, &bf, &q, &sc) {
             let exact = DenseMatrix::new(data, rows, cols).unwrap();
@@ -173,4 +174,55 @@ fn fast_kernel_equals_its_reference_at_every_batch_size() {
             }
         }
     }
+}
+
+/// `xt_w` (MLA's absorbed query): the exact steps equal `axpy_rows` bit for bit, the fused ones
+/// `f32::mul_add` in row order, in every format, for every input of a batch as for that input
+/// alone (batches of 0 to 13: every block of 1 to 6 inputs; columns 100: a 64-column block, a
+/// whole chunk and a masked one; 45, 7, 0), and the two arithmetics differ.
+#[test]
+fn xt_w_is_axpy_rows_and_batch_independent() {
+    use crate::kernels::dense_xtw::xt_w;
+    let mut rng = Rng::new(23);
+    let (rows, r0, n) = (20, 3, 9);
+    for cols in [100, 45, 7, 0] {
+        let (f, bf, q, sc) = formats(&mut rng, rows, cols);
+        for data in views(&f, &bf, &q, &sc) {
+            let exact = DenseMatrix::new(data, rows, cols).unwrap();
+            let fast = exact.with_kernel(DenseKernel::Fast);
+            let mut differ = 0;
+            for t in [0, 1, 2, 3, 4, 5, 6, 7, 13] {
+                let xs: Vec<f32> = (0..t * n).map(|_| rng.normal() as f32).collect();
+                let (mut ye, mut yf) = (vec![1f32; t * cols], vec![1f32; t * cols]);
+                xt_w(&exact, r0, n, &xs, t, &mut ye).unwrap();
+                xt_w(&fast, r0, n, &xs, t, &mut yf).unwrap();
+                for tt in 0..t {
+                    let x = &xs[tt * n..(tt + 1) * n];
+                    let mut want = vec![0f32; cols];
+                    exact.axpy_rows(r0, x, &mut want);
+                    let mut alone = vec![0f32; cols];
+                    xt_w(&fast, r0, n, x, 1, &mut alone).unwrap();
+                    for c in 0..cols {
+                        let got = ye[tt * cols + c];
+                        assert_eq!(got.to_bits(), want[c].to_bits(), "{data:?} t={t} col {c}");
+                        let fused = (0..n).fold(0f32, |o, j| x[j].mul_add(exact.get(r0 + j, c), o));
+                        let gf = yf[tt * cols + c];
+                        if DenseKernel::Fast.effective() == DenseKernel::Fast {
+                            assert_eq!(gf.to_bits(), fused.to_bits(), "{data:?} fused col {c}");
+                        }
+                        assert_eq!(gf.to_bits(), alone[c].to_bits(), "{data:?} t={t} col {c}");
+                        differ += usize::from(gf != got);
+                    }
+                }
+            }
+            if cols > 0 && DenseKernel::Fast.effective() == DenseKernel::Fast {
+                assert!(
+                    differ > 0,
+                    "{data:?} [{rows},{cols}]: fused steps ran exact"
+                );
+            }
+        }
+    }
+    let m = DenseMatrix::new(DenseData::F32(&[0; 16]), 2, 2).unwrap();
+    assert!(xt_w(&m, 1, 2, &[0.0; 2], 1, &mut [0.0; 2]).is_err());
 }

@@ -14,6 +14,7 @@ mod dense_gemm;
 mod dense_neon;
 #[cfg(target_arch = "x86_64")]
 mod dense_x86;
+pub mod dense_xtw;
 
 use candle::{CpuStorage, CustomOp1, Layout, Shape};
 

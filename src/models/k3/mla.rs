@@ -9,7 +9,8 @@ use super::mla_cache::attend;
 use super::ops::{rms_norm, sigmoid, MLA_LATENT_NORM_EPS};
 use super::weights::LayerWeights;
 use crate::compute::dense;
-use crate::kernels::dense::DenseMatrix;
+use crate::kernels::dense::{gemm, DenseMatrix};
+use crate::kernels::dense_xtw::xt_w;
 use crate::runtime::row_cache::RowCache;
 use crate::spine::layer::LayerData;
 use crate::spine::slot::Slot;
@@ -101,36 +102,35 @@ impl Mla {
     }
 
     /// `q_lat[h, t] = q_nope[h, t] · W_k[h]` (`[nh, T, kv_lora]`), reading `kv_b` in place: head
-    /// `h`'s key rows are `h·(nope+v) .. h·(nope+v)+nope`.
+    /// `h`'s key rows are `h·(nope+v) .. h·(nope+v)+nope`, one `xᵀW` per head in `kv_b`'s
+    /// arithmetic.
     fn absorb_query(&self, q_nope: &Tensor, kv_b: &DenseMatrix) -> Result<Tensor> {
         let (nh, nope, vd, kl) = (self.heads, self.nope, self.v_dim, self.kv_lora);
         let t = q_nope.dim(1)?;
         let q = q_nope.flatten_all()?.to_vec1::<f32>()?;
         let mut out = vec![0f32; nh * t * kl];
-        out.par_chunks_mut(t * kl).enumerate().for_each(|(h, o)| {
-            for (ti, row) in o.chunks_mut(kl).enumerate() {
-                let qi = &q[(h * t + ti) * nope..(h * t + ti + 1) * nope];
-                kv_b.axpy_rows(h * (nope + vd), qi, row);
-            }
-        });
+        out.par_chunks_mut(t * kl)
+            .enumerate()
+            .try_for_each(|(h, o)| {
+                let qh = &q[h * t * nope..(h + 1) * t * nope];
+                xt_w(kv_b, h * (nope + vd), nope, qh, t, o)
+            })?;
         Ok(Tensor::from_vec(out, (nh, t, kl), q_nope.device())?)
     }
 
     /// `o[h, t, v] = W_v[h, v] · ctx[h, t]` (`[nh, T, v]`), reading `kv_b` in place: head `h`'s
-    /// value rows follow its key rows.
+    /// value rows follow its key rows, one matrix product per head in `kv_b`'s arithmetic.
     fn absorb_output(&self, ctx: &Tensor, kv_b: &DenseMatrix) -> Result<Tensor> {
         let (nh, nope, vd, kl) = (self.heads, self.nope, self.v_dim, self.kv_lora);
         let t = ctx.dim(1)?;
         let c = ctx.flatten_all()?.to_vec1::<f32>()?;
         let mut out = vec![0f32; nh * t * vd];
-        out.par_chunks_mut(t * vd).enumerate().for_each(|(h, o)| {
-            for (ti, row) in o.chunks_mut(vd).enumerate() {
-                let ci = &c[(h * t + ti) * kl..(h * t + ti + 1) * kl];
-                for (v, y) in row.iter_mut().enumerate() {
-                    *y = kv_b.dot_row(h * (nope + vd) + nope + v, ci);
-                }
-            }
-        });
+        out.par_chunks_mut(t * vd)
+            .enumerate()
+            .try_for_each(|(h, o)| {
+                let w_v = kv_b.row_range(h * (nope + vd) + nope, vd)?;
+                gemm(&w_v, &c[h * t * kl..(h + 1) * t * kl], t, o)
+            })?;
         Ok(Tensor::from_vec(out, (nh, t, vd), ctx.device())?)
     }
 
