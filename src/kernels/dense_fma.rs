@@ -3,7 +3,8 @@
 //! exact arithmetic rounds the product first (to stay bit-identical to its scalar reference):
 //! one rounding per step instead of two, and half the instructions. Blocks of 8 rows × 1–2
 //! inputs or 4 rows × 3–6 inputs (up to 24 accumulators), the weights widened in registers as
-//! they stream in. Measured and dropped: `vdpbf16ps` (on this Xeon it issues at half the FMA
+//! they stream in, the columns in passes of `COL_CHUNK` so the inputs' slice stays in L1 for
+//! every row block of a tile (accumulators wait in memory between passes; lanes keep their order). Measured and dropped: `vdpbf16ps` (on this Xeon it issues at half the FMA
 //! rate and rounds the inputs to bf16) and a widened f32 copy of each tile (slower at every
 //! batch size).
 //!
