@@ -46,8 +46,10 @@ pub enum DenseKernel {
     #[default]
     Exact,
     /// Fused multiply-adds in the same lanes and tree (`DenseMatrix::fused_dot_row`; SIMD:
-    /// `dense_fma` on x86-64 with AVX-512F, `dense_neon` on aarch64): still batch-independent,
-    /// the same bits on both, not bit-identical to `Exact`. On other CPUs the exact arithmetic.
+    /// `dense_fma` on x86-64 with AVX-512F, `dense_neon` on aarch64), and in `dense_xtw::xt_w`
+    /// one fused step per row in row order (AVX-512 on x86-64, `f32::mul_add` elsewhere): still
+    /// batch-independent, the same bits on both, not bit-identical to `Exact`. On other CPUs
+    /// the exact arithmetic.
     Fast,
 }
 
@@ -263,8 +265,26 @@ impl<'a> DenseMatrix<'a> {
     }
 
     /// `out += Σ_j coeffs[j] · W[r0 + j]` (rows `r0..r0+coeffs.len()`, in `j` order): `xᵀW` over a
-    /// block of rows, with each weight widened (or dequantised) in registers.
+    /// block of rows, with each weight widened (or dequantised) in registers; each step the
+    /// rounded product added. The reference of `dense_xtw::xt_w`'s exact steps.
     pub fn axpy_rows(&self, r0: usize, coeffs: &[f32], out: &mut [f32]) {
+        self.accumulate_rows(r0, coeffs, out, |o, a, w| o + a * w);
+    }
+
+    /// `axpy_rows` with one fused multiply-add per step (`xt_w`'s fast steps).
+    pub(crate) fn fused_axpy_rows(&self, r0: usize, coeffs: &[f32], out: &mut [f32]) {
+        self.accumulate_rows(r0, coeffs, out, |o, a, w| a.mul_add(w, o));
+    }
+
+    /// `out[c] = step(out[c], coeffs[j], W[r0 + j][c])` for each row in `j` order.
+    #[inline]
+    fn accumulate_rows(
+        &self,
+        r0: usize,
+        coeffs: &[f32],
+        out: &mut [f32],
+        step: impl Fn(f32, f32, f32) -> f32,
+    ) {
         let c = self.cols;
         debug_assert_eq!(out.len(), c);
         for (j, &a) in coeffs.iter().enumerate() {
@@ -275,7 +295,7 @@ impl<'a> DenseMatrix<'a> {
                         .iter_mut()
                         .zip(b[4 * r * c..4 * (r + 1) * c].chunks_exact(4))
                     {
-                        *o += a * f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                        *o = step(*o, a, f32::from_le_bytes([w[0], w[1], w[2], w[3]]));
                     }
                 }
                 DenseData::Bf16(b) => {
@@ -283,13 +303,14 @@ impl<'a> DenseMatrix<'a> {
                         .iter_mut()
                         .zip(b[2 * r * c..2 * (r + 1) * c].chunks_exact(2))
                     {
-                        *o += a * f32::from_bits((u16::from_le_bytes([w[0], w[1]]) as u32) << 16);
+                        let v = f32::from_bits((u16::from_le_bytes([w[0], w[1]]) as u32) << 16);
+                        *o = step(*o, a, v);
                     }
                 }
                 DenseData::I8 { q, .. } => {
                     let sc = self.row_scale(r);
                     for (o, &v) in out.iter_mut().zip(&q[r * c..(r + 1) * c]) {
-                        *o += a * (v as i8 as f32 * sc);
+                        *o = step(*o, a, v as i8 as f32 * sc);
                     }
                 }
             }

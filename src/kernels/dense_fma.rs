@@ -4,9 +4,9 @@
 //! one rounding per step instead of two, and half the instructions. Blocks of 8 rows × 1–2
 //! inputs or 4 rows × 3–6 inputs (up to 24 accumulators), the weights widened in registers as
 //! they stream in, the columns in passes of `COL_CHUNK` so the inputs' slice stays in L1 for
-//! every row block of a tile (accumulators wait in memory between passes; lanes keep their order). Measured and dropped: `vdpbf16ps` (on this Xeon it issues at half the FMA
-//! rate and rounds the inputs to bf16) and a widened f32 copy of each tile (slower at every
-//! batch size).
+//! every row block of a tile (accumulators wait in memory between passes; lanes keep their
+//! order). Measured and dropped: `vdpbf16ps` (on this Xeon it issues at half the FMA rate and
+//! rounds the inputs to bf16) and a widened f32 copy of each tile (slower at every batch size).
 //!
 //! A column past the last is a zero in both the weights and the input, so every (row, input)
 //! pair runs the same steps into its own accumulators whatever the block, the batch or the
@@ -46,10 +46,13 @@ pub(super) fn pack_inputs(xs: &[f32], cols: usize, t: usize) -> (Vec<f32>, usize
     (out, stride)
 }
 
-/// The storage kinds `direct` is compiled for, one copy each so the widening is chosen once
-/// per block rather than per chunk.
+// The storage kinds `direct` (and `dense_xtw`) are compiled for, one copy each, so the widening
+// is chosen once per block rather than per chunk.
+/// Storage kind: bf16.
 pub(super) const BF16: u8 = 0;
+/// Storage kind: f32.
 pub(super) const F32: u8 = 1;
+/// Storage kind: row-int8 (the row scale is applied by the caller).
 pub(super) const I8: u8 = 2;
 
 /// Inputs in flight at most (a block's accumulators: up to 8 rows × 2 or 4 × 6).
@@ -73,6 +76,7 @@ pub(super) unsafe fn widen16<const K: u8>(base: *const u8, at: usize, mask: __mm
         }
         F32 => _mm512_maskz_loadu_ps(mask, base.add(4 * at) as *const f32),
         _ => {
+            debug_assert_eq!(K, I8);
             let v = _mm_maskz_loadu_epi8(mask, base.add(at) as *const i8);
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
         }

@@ -125,7 +125,7 @@ fn gemm_matches_f64_and_is_row_exact() {
 /// at every batch size (0 to 13 input rows: every block shape of both, 8 or 4 rows by 1 to 6
 /// inputs on x86-64, 4 rows by 1 to 4 on aarch64, and lone rows; columns 45 and 7: a masked
 /// last chunk; 96: none; 0; 1100: two whole column passes of the x86-64 kernel and a short
-/// one ending in a masked chunk),
+/// one ending in a masked chunk; 1024: two whole passes; 513: a last pass of one masked chunk),
 /// and stays within fp32 accumulation of the f64 sum, as the exact kernel does.
 #[test]
 fn fast_kernel_equals_its_reference_at_every_batch_size() {
@@ -133,7 +133,15 @@ fn fast_kernel_equals_its_reference_at_every_batch_size() {
         return;
     }
     let mut rng = Rng::new(17);
-    for (rows, cols) in [(70, 45), (70, 96), (5, 7), (3, 0), (37, 1100)] {
+    for (rows, cols) in [
+        (70, 45),
+        (70, 96),
+        (5, 7),
+        (3, 0),
+        (37, 1100),
+        (37, 1024),
+        (9, 513),
+    ] {
         let (f, bf, q, sc) = formats(&mut rng, rows, cols);
         for data in views(&f, &bf, &q, &sc) {
             let exact = DenseMatrix::new(data, rows, cols).unwrap();
@@ -178,14 +186,16 @@ fn fast_kernel_equals_its_reference_at_every_batch_size() {
 
 /// `xt_w` (MLA's absorbed query): the exact steps equal `axpy_rows` bit for bit, the fused ones
 /// `f32::mul_add` in row order, in every format, for every input of a batch as for that input
-/// alone (batches of 0 to 13: every block of 1 to 6 inputs; columns 100: a 64-column block, a
-/// whole chunk and a masked one; 45, 7, 0), and the two arithmetics differ.
+/// alone (batches of 0 to 13: every block of 1 to 6 inputs; columns 100: a 64-column block,
+/// two whole 16-column vectors and a masked one; 45, 7, 0), on rows inside the matrix and on its
+/// last rows (the masked reads end at the buffer's end), and the two arithmetics differ. On a
+/// CPU with AVX-512 this checks the SIMD twin, elsewhere the portable path.
 #[test]
 fn xt_w_is_axpy_rows_and_batch_independent() {
     use crate::kernels::dense_xtw::xt_w;
     let mut rng = Rng::new(23);
-    let (rows, r0, n) = (20, 3, 9);
-    for cols in [100, 45, 7, 0] {
+    let (rows, n) = (20, 9);
+    for (cols, r0) in [(100, 3), (45, 11), (7, 3), (0, 3), (100, 11)] {
         let (f, bf, q, sc) = formats(&mut rng, rows, cols);
         for data in views(&f, &bf, &q, &sc) {
             let exact = DenseMatrix::new(data, rows, cols).unwrap();
@@ -225,4 +235,31 @@ fn xt_w_is_axpy_rows_and_batch_independent() {
     }
     let m = DenseMatrix::new(DenseData::F32(&[0; 16]), 2, 2).unwrap();
     assert!(xt_w(&m, 1, 2, &[0.0; 2], 1, &mut [0.0; 2]).is_err());
+}
+
+/// `row_range` views rows `r0..r0 + n` of every format (row-int8's scales included): its GEMM
+/// equals those rows of the whole matrix's; a range past the end is an error.
+#[test]
+fn row_range_is_the_rows_of_the_matrix() {
+    let mut rng = Rng::new(29);
+    let (rows, cols, t) = (40, 45, 3);
+    let (f, bf, q, sc) = formats(&mut rng, rows, cols);
+    let xs: Vec<f32> = (0..t * cols).map(|_| rng.normal() as f32).collect();
+    for data in views(&f, &bf, &q, &sc) {
+        let m = DenseMatrix::new(data, rows, cols).unwrap();
+        let mut all = vec![0f32; t * rows];
+        gemm(&m, &xs, t, &mut all).unwrap();
+        for (r0, n) in [(0, 40), (7, 33), (39, 1), (12, 0)] {
+            let v = m.row_range(r0, n).unwrap();
+            let mut part = vec![0f32; t * n];
+            gemm(&v, &xs, t, &mut part).unwrap();
+            for tt in 0..t {
+                for k in 0..n {
+                    let (got, want) = (part[tt * n + k], all[tt * rows + r0 + k]);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{data:?} rows {r0}+{n}");
+                }
+            }
+        }
+        assert!(m.row_range(30, 11).is_err());
+    }
 }

@@ -39,15 +39,9 @@ pub fn xt_w(
         .chunks_exact(n.max(1))
         .zip(ys.chunks_exact_mut(m.cols.max(1)))
     {
-        for (j, &a) in x.iter().enumerate() {
-            let r = r0 + j;
-            let step = |o: &mut f32, w: f32| match fused {
-                true => *o = a.mul_add(w, *o),
-                false => *o += a * w,
-            };
-            for (c, o) in y.iter_mut().enumerate() {
-                step(o, m.get(r, c));
-            }
+        match fused {
+            true => m.fused_axpy_rows(r0, x, y),
+            false => m.axpy_rows(r0, x, y),
         }
     }
     Ok(())
